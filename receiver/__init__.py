@@ -1,0 +1,64 @@
+"""receiver: receive webhooks so that each event takes effect exactly once."""
+
+from ._app import Receiver
+from ._events import Event
+from ._exceptions import (
+    ConfigurationError,
+    LeaseLost,
+    MalformedRequest,
+    ReceiverError,
+    StoreError,
+    StoreUnavailable,
+    VerificationError,
+)
+from ._handlers import Handler
+from ._ledger import Receipt, State, StoredResponse
+from ._pipeline import RUN_AGAIN
+from ._postgres import PostgresStore
+from ._providers import Provider
+from ._schedules import DedupWindow, RetrySchedule, dedup_window, exponential
+from ._sqlite import SQLiteStore
+from ._store import Connection, Store, store_from_url
+from ._verification import (
+    StandardWebhooks,
+    VerifiedDelivery,
+    Verifier,
+    generate_keypair,
+    generate_secret,
+    sign,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "RUN_AGAIN",
+    "ConfigurationError",
+    "Connection",
+    "DedupWindow",
+    "Event",
+    "Handler",
+    "LeaseLost",
+    "MalformedRequest",
+    "PostgresStore",
+    "Provider",
+    "Receipt",
+    "Receiver",
+    "ReceiverError",
+    "RetrySchedule",
+    "SQLiteStore",
+    "StandardWebhooks",
+    "State",
+    "Store",
+    "StoreError",
+    "StoreUnavailable",
+    "StoredResponse",
+    "VerificationError",
+    "VerifiedDelivery",
+    "Verifier",
+    "dedup_window",
+    "exponential",
+    "generate_keypair",
+    "generate_secret",
+    "sign",
+    "store_from_url",
+]

@@ -1,0 +1,219 @@
+"""The Receiver: an ASGI app serving ``POST /{provider}``, with handlers registered by decorator."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TypeVar
+
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from ._exceptions import ConfigurationError
+from ._handlers import Effects, Handler, HandlerFunc, ReconcileFunc, Registry
+from ._pipeline import Pipeline
+from ._providers import Provider
+from ._responses import error
+from ._store import Connection, Store, store_from_url
+
+F = TypeVar("F", bound=HandlerFunc)
+StartupHook = Callable[[Connection], Awaitable[None]]
+
+DEFAULT_STORE = "sqlite:///receiver.db"
+DEFAULT_MAX_BODY = 1024 * 1024
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class Receiver:
+    """Receive webhooks so that each event takes effect once.
+
+    ::
+
+        rx = Receiver(store="postgresql://localhost/app", providers=[Provider("acme", [secret])])
+
+        @rx.on("invoice.paid")
+        async def paid(event, tx):
+            await tx.execute("UPDATE invoices SET paid = true WHERE id = $1", event.payload["id"])
+
+        app.mount("/webhooks", rx)   # POST /webhooks/acme
+
+    Served alone (``uvicorn module:rx``) the store opens in the ASGI lifespan. Mounted into
+    another app, it opens on the first delivery, or use ``lifespan=rx.lifespan`` (or
+    ``async with rx:``) in the host application to open and close it with the app.
+    """
+
+    def __init__(
+        self,
+        store: Store | str = DEFAULT_STORE,
+        providers: Sequence[Provider] = (),
+        *,
+        max_body_size: int = DEFAULT_MAX_BODY,
+        clock: Callable[[], float] = time.time,
+        retry_after: int = 5,
+    ) -> None:
+        self.store: Store = store_from_url(store) if isinstance(store, str) else store
+        if max_body_size <= 0:
+            raise ConfigurationError(f"max_body_size must be positive, not {max_body_size}")
+        self.max_body_size = max_body_size
+        self.providers: dict[str, Provider] = {}
+        for provider in providers:
+            self.add_provider(provider)
+        self.registry = Registry()
+        self._startup: list[StartupHook] = []
+        self.pipeline = Pipeline(self.store, self.registry, clock=clock, retry_after=retry_after)
+        self._app = Starlette(
+            routes=[Route("/{provider}", self._endpoint, methods=["POST"])],
+            exception_handlers={HTTPException: self._http_error},
+            lifespan=self.lifespan,
+        )
+
+    # -- configuration -------------------------------------------------------------------------
+
+    def add_provider(self, provider: Provider) -> None:
+        if provider.name in self.providers:
+            raise ConfigurationError(f"provider {provider.name!r} is configured twice")
+        self.providers[provider.name] = provider
+
+    def add_handler(
+        self,
+        event_type: str,
+        func: HandlerFunc,
+        *,
+        provider: str | None = None,
+        effects: Effects = "transactional",
+        reconcile: ReconcileFunc | None = None,
+        lease: float | None = None,
+    ) -> Handler:
+        """Register ``func`` for ``event_type``: an exact type, a prefix such as ``"invoice.*"``,
+        or ``"*"``. Several handlers of one event run in one transaction: exact types first,
+        then prefixes (longest first), then ``"*"``, each group in registration order."""
+        if provider is not None and provider not in self.providers:
+            raise ConfigurationError(
+                f"handler {func.__qualname__} names unknown provider {provider!r}; "
+                f"configured: {sorted(self.providers)}"
+            )
+        return self.registry.add(
+            event_type, func, provider=provider, effects=effects, reconcile=reconcile, lease=lease
+        )
+
+    def on(
+        self,
+        event_type: str,
+        *,
+        provider: str | None = None,
+        effects: Effects = "transactional",
+        reconcile: ReconcileFunc | None = None,
+        lease: float | None = None,
+    ) -> Callable[[F], F]:
+        """Decorator form of :meth:`add_handler`."""
+
+        def register(func: F) -> F:
+            self.add_handler(
+                event_type,
+                func,
+                provider=provider,
+                effects=effects,
+                reconcile=reconcile,
+                lease=lease,
+            )
+            return func
+
+        return register
+
+    def on_startup(self, func: StartupHook) -> StartupHook:
+        """Run ``func(conn)`` once when the receiver opens its store, e.g. to create the
+        handlers' own tables."""
+        self._startup.append(func)
+        return func
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        await self.store.open()
+        if self._startup:
+            async with self.store.acquire() as conn:
+                for hook in self._startup:
+                    await hook(conn)
+
+    async def close(self) -> None:
+        await self.store.close()
+
+    async def __aenter__(self) -> Receiver:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: object = None) -> AsyncIterator[None]:
+        """An ASGI lifespan: ``Starlette(..., lifespan=rx.lifespan)``."""
+        async with self:
+            yield
+
+    # -- serving -------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
+
+    async def deliver(
+        self, provider: str, headers: Headers | dict[str, str], body: bytes
+    ) -> Response:
+        """Process one delivery without HTTP (for tests, queues and replays)."""
+        found = self.providers.get(provider)
+        if found is None:
+            return error(404, "unknown_provider", f"no provider named {provider!r}")
+        return await self.pipeline.deliver(found, Headers(headers=dict(headers)), body)
+
+    async def _endpoint(self, request: Request) -> Response:
+        name = request.path_params["provider"]
+        provider = self.providers.get(name)
+        if provider is None:
+            return error(404, "unknown_provider", "no provider is configured at this path")
+        try:
+            body = await self._read_body(request)
+        except _TooLarge:
+            return error(413, "body_too_large", f"the body exceeds {self.max_body_size} bytes")
+        except ValueError:
+            return error(400, "content_length", "the Content-Length header is not a number")
+        client = request.client.host if request.client else None
+        return await self.pipeline.deliver(provider, request.headers, body, client)
+
+    async def _read_body(self, request: Request) -> bytes:
+        """Read the body, refusing one over the limit before reading it all."""
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                raise ValueError(declared)
+            if int(declared) > self.max_body_size:
+                raise _TooLarge
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_size:
+                raise _TooLarge
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _http_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        return error(
+            exc.status_code,
+            codes.get(exc.status_code, "http_error"),
+            exc.detail,
+            exc.headers,
+        )
+
+    def __repr__(self) -> str:
+        return f"Receiver(store={self.store.url!r}, providers={sorted(self.providers)!r})"

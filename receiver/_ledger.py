@@ -1,0 +1,212 @@
+"""The receipt ledger: claim a key once, complete or release it under its fence.
+
+Every operation here is a single statement whose outcome is decided by the database: the
+primary key decides who claims, the ``fence`` column decides whose completion counts. There is
+no check-then-act anywhere; :func:`decide` only interprets a row the database already chose.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from ._exceptions import LeaseLost
+from ._store import Connection, Row
+
+
+class State(enum.StrEnum):
+    IN_FLIGHT = "in_flight"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    RELEASED = "released"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """An answer as it is stored and replayed: byte for byte."""
+
+    status: int
+    content_type: str
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    provider: str
+    webhook_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """A row of the ledger."""
+
+    key: Key
+    state: State
+    fence: int
+    payload_hash: bytes
+    event_type: str | None
+    claimed_at: float
+    lease_until: float
+    expires_at: float
+    completed_at: float | None
+    response: StoredResponse | None
+    request_body: bytes | None
+    attempts: int
+    last_error: str | None
+
+    @classmethod
+    def from_row(cls, key: Key, row: Row) -> Receipt:
+        status = row["response_status"]
+        response = (
+            None
+            if status is None
+            else StoredResponse(status, row["response_content_type"], bytes(row["response_body"]))
+        )
+        body = row["request_body"]
+        return cls(
+            key=key,
+            state=State(row["state"]),
+            fence=row["fence"],
+            payload_hash=bytes(row["payload_hash"]),
+            event_type=row["event_type"],
+            claimed_at=row["claimed_at"],
+            lease_until=row["lease_until"],
+            expires_at=row["expires_at"],
+            completed_at=row["completed_at"],
+            response=response,
+            request_body=None if body is None else bytes(body),
+            attempts=row["attempts"],
+            last_error=row["last_error"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What a delivery asks the ledger for."""
+
+    key: Key
+    payload_hash: bytes
+    event_type: str | None
+    body: bytes
+    now: float
+    lease: float
+    window: float
+
+    @property
+    def args(self) -> tuple[Any, ...]:
+        return (self.payload_hash, self.event_type, self.now, self.now + self.lease)
+
+
+class Decision(enum.Enum):
+    """What to do with a delivery whose key was already in the ledger."""
+
+    REPLAY = "replay"  # completed or failed, same payload: send the stored answer again
+    MISMATCH = "mismatch"  # same id, different payload: 422, never run
+    IN_FLIGHT = "in_flight"  # another attempt holds a live lease: 409
+    RECOVER = "recover"  # in flight but the lease expired: the attempt died or stalled
+    RECLAIM = "reclaim"  # released after a failure, or expired: run again with the next fence
+
+
+def decide(receipt: Receipt, payload_hash: bytes, now: float) -> Decision:
+    if receipt.expires_at <= now:
+        return Decision.RECLAIM
+    if receipt.payload_hash != payload_hash:
+        return Decision.MISMATCH
+    if receipt.state in (State.COMPLETED, State.FAILED):
+        return Decision.REPLAY
+    if receipt.state is State.RELEASED:
+        return Decision.RECLAIM
+    return Decision.IN_FLIGHT if receipt.lease_until > now else Decision.RECOVER
+
+
+async def claim(conn: Connection, c: Claim) -> int | Receipt:
+    """Claim ``c.key``: the fence (an int) if this caller owns it now, else the existing receipt.
+
+    A row can disappear between the insert and the lookup (the sweeper deleted it because it
+    expired); the insert is then simply tried again.
+    """
+    k = c.key
+    for _ in range(3):
+        row = await conn.run(
+            "claim",
+            k.provider,
+            k.webhook_id,
+            c.payload_hash,
+            c.event_type,
+            c.now,
+            c.now + c.lease,
+            c.now + c.window,
+            c.body,
+        )
+        if row is not None:
+            return int(row["fence"])
+        existing = await lookup(conn, k)
+        if existing is not None:
+            return existing
+    raise LeaseLost(f"receipt {k.webhook_id!r} kept vanishing while being claimed")
+
+
+async def reclaim(conn: Connection, c: Claim, seen_fence: int) -> int | None:
+    """Take over a released, lease-expired or expired receipt; None if another caller did."""
+    k = c.key
+    row = await conn.run(
+        "reclaim",
+        k.provider,
+        k.webhook_id,
+        seen_fence,
+        c.payload_hash,
+        c.event_type,
+        c.now,
+        c.now + c.lease,
+        c.now + c.window,
+        c.body,
+    )
+    return None if row is None else int(row["fence"])
+
+
+async def lookup(conn: Connection, key: Key) -> Receipt | None:
+    row = await conn.run("lookup", key.provider, key.webhook_id)
+    return None if row is None else Receipt.from_row(key, row)
+
+
+async def complete(
+    conn: Connection,
+    key: Key,
+    fence: int,
+    response: StoredResponse,
+    now: float,
+    *,
+    state: State = State.COMPLETED,
+) -> None:
+    """Store the final answer under ``fence``; raises LeaseLost if a newer claim owns the key,
+    so that the caller's transaction (and its handlers' writes) roll back."""
+    row = await conn.run(
+        "complete",
+        key.provider,
+        key.webhook_id,
+        fence,
+        state.value,
+        response.status,
+        response.content_type,
+        response.body,
+        now,
+    )
+    if row is None:
+        raise LeaseLost(f"fence {fence} of {key.provider}/{key.webhook_id} is stale")
+
+
+async def release(conn: Connection, key: Key, fence: int, error: str, now: float) -> bool:
+    """Give the key back after a failed attempt and keep the error; False if the fence is stale."""
+    async with conn.transaction():
+        row = await conn.run("release", key.provider, key.webhook_id, fence, error, now)
+        if row is None:
+            return False
+        await conn.run("record_attempt", key.provider, key.webhook_id, fence, now, error)
+        return True
+
+
+async def extend_lease(conn: Connection, key: Key, fence: int, until: float) -> None:
+    row = await conn.run("extend_lease", key.provider, key.webhook_id, fence, until)
+    if row is None:
+        raise LeaseLost(f"fence {fence} of {key.provider}/{key.webhook_id} is stale")

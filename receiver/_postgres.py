@@ -1,0 +1,170 @@
+"""PostgreSQL store through asyncpg: the production store."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import urllib.parse
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+
+from ._exceptions import StoreUnavailable
+from ._queries import schema
+from ._store import Connection, Row, Store, split_statements
+
+# SQLSTATE classes that mean "the database is not there right now", not "your query is wrong":
+# 08 connection exception, 53 insufficient resources, 57P operator intervention (shutdown,
+# cannot connect now). See https://www.postgresql.org/docs/current/errcodes-appendix.html
+_UNAVAILABLE_SQLSTATES = ("08", "53", "57P")
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """True for errors that mean the database cannot be reached, as opposed to a bad query."""
+    if isinstance(exc, asyncpg.PostgresError):
+        return str(exc.sqlstate or "").startswith(_UNAVAILABLE_SQLSTATES)
+    return isinstance(
+        exc,
+        OSError
+        | TimeoutError
+        | asyncpg.InterfaceError
+        | asyncpg.exceptions.ConnectionDoesNotExistError,
+    )
+
+
+@contextlib.contextmanager
+def _translated() -> Any:
+    try:
+        yield
+    except BaseException as exc:
+        if is_unavailable(exc):
+            raise StoreUnavailable(f"PostgreSQL unavailable: {type(exc).__name__}") from exc
+        raise
+
+
+class PostgresConnection(Connection):
+    dialect = "postgresql"
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self._conn = conn
+
+    @property
+    def raw(self) -> asyncpg.Connection:
+        return self._conn
+
+    async def execute(self, query: str, *args: Any) -> None:
+        with _translated():
+            await self._conn.execute(query, *args)
+
+    async def fetch(self, query: str, *args: Any) -> list[Row]:
+        with _translated():
+            return list(await self._conn.fetch(query, *args))
+
+    async def fetchrow(self, query: str, *args: Any) -> Row | None:
+        with _translated():
+            row: Row | None = await self._conn.fetchrow(query, *args)
+            return row
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        # asyncpg turns a nested transaction() into a savepoint.
+        with _translated():
+            async with self._conn.transaction():
+                yield
+
+
+async def _no_reset(conn: asyncpg.Connection) -> None:
+    """The ledger keeps no session state (no SET, LISTEN, temp tables or advisory locks), so the
+    pool's default reset query on every release is a wasted round trip."""
+
+
+class PostgresStore(Store):
+    """Receipts in PostgreSQL.
+
+    Give it a DSN to own a pool (opened by the Receiver's lifespan), or ``pool=`` to share the
+    application's existing asyncpg pool (the store then neither opens nor closes it).
+    """
+
+    dialect = "postgresql"
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        pool: asyncpg.Pool | None = None,
+        min_size: int = 1,
+        max_size: int = 10,
+        acquire_timeout: float = 5.0,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        if (dsn is None) == (pool is None):
+            from ._exceptions import ConfigurationError
+
+            raise ConfigurationError("PostgresStore needs exactly one of dsn= or pool=")
+        self._dsn = dsn
+        self._pool = pool
+        self._owns_pool = pool is None
+        self._min_size = min_size
+        self._max_size = max_size
+        self._acquire_timeout = acquire_timeout
+        self._connect_timeout = connect_timeout
+        self._opening = asyncio.Lock()
+
+    @property
+    def url(self) -> str:
+        if self._dsn is None:
+            return "postgresql://(shared pool)"
+        parts = urllib.parse.urlsplit(self._dsn)
+        host = parts.hostname or "localhost"
+        netloc = f"{parts.username}@{host}" if parts.username else host
+        if parts.port:
+            netloc += f":{parts.port}"
+        return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+    async def open(self) -> None:
+        async with self._opening:
+            if self._pool is not None:
+                return
+            # min_size=0: opening never fails because the database is down; connections are
+            # made on demand, so the receiver answers 503 and recovers when the database returns.
+            self._pool = await asyncpg.create_pool(
+                self._dsn,
+                min_size=0,
+                max_size=self._max_size,
+                reset=_no_reset,
+                timeout=self._connect_timeout,
+            )
+
+    async def close(self) -> None:
+        if self._pool is not None and self._owns_pool:
+            await self._pool.close()
+            self._pool = None
+
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[Connection]:
+        if self._pool is None:
+            await self.open()
+        assert self._pool is not None
+        with _translated():
+            conn = await self._pool.acquire(timeout=self._acquire_timeout)
+        try:
+            yield PostgresConnection(conn)
+        finally:
+            # Shielded: a cancelled request must still hand its connection back (asyncpg rolls
+            # back whatever transaction is left open on release).
+            await asyncio.shield(self._release(conn))
+
+    async def _release(self, conn: asyncpg.Connection) -> None:
+        assert self._pool is not None
+        try:
+            await self._pool.release(conn)
+        except Exception:  # a broken connection is simply dropped by the pool
+            conn.terminate()
+
+    async def migrate(self) -> None:
+        async with self.acquire() as conn, conn.transaction():
+            # Serialise concurrent migrations (several replicas starting at once).
+            await conn.execute("SELECT pg_advisory_xact_lock(7241901)")
+            for statement in split_statements(schema("postgresql")):
+                await conn.execute(statement)

@@ -1,0 +1,93 @@
+-- receiver: the ledger's statements for SQLite (aiosqlite).
+-- Same names and positional parameters as queries.postgresql.sql; "?N" is SQLite's spelling of
+-- "$N". Times are stored as unix seconds (REAL).
+
+-- name: claim
+-- The arbiter: one statement. A row back means this caller owns the key with fence 1.
+INSERT INTO receiver_receipts
+    (provider, webhook_id, payload_hash, state, fence, event_type,
+     claimed_at, lease_until, expires_at, request_body)
+VALUES (?1, ?2, ?3, 'in_flight', 1, ?4, ?5, ?6, ?7, ?8)
+ON CONFLICT (provider, webhook_id) DO NOTHING
+RETURNING fence;
+
+-- name: lookup
+SELECT state, fence, payload_hash, event_type,
+       claimed_at,
+       lease_until,
+       expires_at,
+       completed_at,
+       response_status, response_content_type, response_body, request_body,
+       attempts, last_error
+FROM receiver_receipts
+WHERE provider = ?1 AND webhook_id = ?2;
+
+-- name: reclaim
+-- Compare-and-set on the fence seen by the caller: of several callers that saw the same
+-- released, lease-expired or expired row, exactly one gets it, with the next fence.
+UPDATE receiver_receipts
+SET fence = fence + 1,
+    state = 'in_flight',
+    attempts = CASE WHEN expires_at < ?6 THEN 0 ELSE attempts END,
+    last_error = CASE WHEN expires_at < ?6 THEN NULL ELSE last_error END,
+    payload_hash = ?4,
+    event_type = ?5,
+    claimed_at = ?6,
+    lease_until = ?7,
+    expires_at = ?8,
+    request_body = ?9,
+    completed_at = NULL,
+    response_status = NULL,
+    response_content_type = NULL,
+    response_body = NULL
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3
+  AND (state = 'released'
+       OR (state = 'in_flight' AND lease_until < ?6)
+       OR expires_at < ?6)
+RETURNING fence;
+
+-- name: complete
+-- Fenced: zero rows means a newer claim owns the key and the caller must roll back.
+UPDATE receiver_receipts
+SET state = ?4,
+    response_status = ?5,
+    response_content_type = ?6,
+    response_body = ?7,
+    completed_at = ?8,
+    request_body = CASE WHEN ?4 = 'completed' THEN NULL ELSE request_body END
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
+RETURNING fence;
+
+-- name: release
+-- Fenced: give the key back so that the sender's retry runs the handlers again.
+UPDATE receiver_receipts
+SET state = 'released',
+    attempts = attempts + 1,
+    last_error = ?4,
+    lease_until = ?5
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
+RETURNING fence;
+
+-- name: record_attempt
+INSERT INTO receiver_attempts (provider, webhook_id, fence, failed_at, error)
+VALUES (?1, ?2, ?3, ?4, ?5)
+ON CONFLICT (provider, webhook_id, fence)
+DO UPDATE SET failed_at = excluded.failed_at, error = excluded.error;
+
+-- name: list_attempts
+SELECT fence, failed_at, error
+FROM receiver_attempts
+WHERE provider = ?1 AND webhook_id = ?2
+ORDER BY fence;
+
+-- name: extend_lease
+UPDATE receiver_receipts
+SET lease_until = ?4
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
+RETURNING fence;
+
+-- name: count_by_state
+SELECT state, count(*) AS n FROM receiver_receipts GROUP BY state;
+
+-- name: schema_ready
+SELECT count(*) AS n FROM receiver_receipts WHERE false;

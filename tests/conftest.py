@@ -1,0 +1,77 @@
+"""Fixtures: real stores only. SQLite in a temporary file; PostgreSQL found or started by
+tests/pgcluster.py, never skipped."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from receiver import PostgresStore, SQLiteStore, Store
+from tests import pgcluster
+from tests.support import EFFECTS_DDL
+
+TEST_DATABASE = "receiver_test"
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url() -> Iterator[str]:
+    try:
+        url, cluster = pgcluster.find_server()
+    except RuntimeError as exc:
+        pytest.exit(str(exc), returncode=3)
+    yield url
+    if cluster is not None:
+        cluster.destroy()
+
+
+@pytest.fixture(scope="session")
+def pg_url(pg_admin_url: str) -> str:
+    async def prepare() -> str:
+        url = await pgcluster.recreate_database(pg_admin_url, TEST_DATABASE)
+        async with PostgresStore(url) as store:
+            await store.migrate()
+            async with store.acquire() as conn:
+                await conn.execute(EFFECTS_DDL)
+        return url
+
+    return asyncio.run(prepare())
+
+
+async def truncate(url: str) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("TRUNCATE receiver_receipts, receiver_attempts, effects")
+    finally:
+        await conn.close()
+
+
+def make_store(kind: str, pg_url: str, tmp_path: Path) -> Store:
+    if kind == "sqlite":
+        return SQLiteStore(tmp_path / "receipts.db")
+    return PostgresStore(pg_url, max_size=20)
+
+
+@pytest.fixture
+async def pg_store(pg_url: str) -> AsyncIterator[PostgresStore]:
+    await truncate(pg_url)
+    async with PostgresStore(pg_url, max_size=20) as store:
+        yield store
+
+
+@pytest.fixture
+async def sqlite_store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
+    async with SQLiteStore(tmp_path / "receipts.db") as store:
+        yield store
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def store(request: pytest.FixtureRequest, pg_url: str, tmp_path: Path) -> AsyncIterator[Store]:
+    """The conformance suite runs every test on both stores."""
+    if request.param == "postgresql":
+        await truncate(pg_url)
+    async with make_store(request.param, pg_url, tmp_path) as opened:
+        yield opened

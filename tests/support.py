@@ -1,0 +1,123 @@
+"""Small real pieces shared by the tests: a clock, signed deliveries, and a test app whose
+handler writes a business row through ``tx`` and counts its own invocations."""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from receiver import Event, Provider, Receiver, Store, sign
+from receiver._store import Connection
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+PROVIDER = "acme"
+T0 = 1_800_000_000.0
+
+EFFECTS_DDL = (
+    "CREATE TABLE IF NOT EXISTS effects ("
+    " provider TEXT NOT NULL, webhook_id TEXT NOT NULL, fence INTEGER NOT NULL, note TEXT)"
+)
+
+
+class Clock:
+    """An injectable clock the tests move by hand."""
+
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def body_of(event_type: str = "order.created", **data: Any) -> bytes:
+    return orjson.dumps({"type": event_type, "data": data})
+
+
+def signed(
+    webhook_id: str,
+    body: bytes,
+    *,
+    timestamp: float | None = None,
+    secret: str = SECRET,
+) -> dict[str, str]:
+    ts = int(time.time() if timestamp is None else timestamp)
+    return {
+        "webhook-id": webhook_id,
+        "webhook-timestamp": str(ts),
+        "webhook-signature": sign(secret, webhook_id, ts, body),
+        "content-type": "application/json",
+    }
+
+
+class Recorder:
+    """Counts handler invocations (committed or not) per webhook-id."""
+
+    def __init__(self) -> None:
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def __call__(self, event: Event) -> None:
+        self.calls[event.id] += 1
+
+
+def make_receiver(
+    store: Store, *, clock: Clock | None = None, lease: float = 60.0, **options: Any
+) -> tuple[Receiver, Recorder]:
+    """A receiver whose ``order.*`` handler writes one ``effects`` row, then behaves as the
+    payload's ``data.mode`` says: ``ok``, ``raise``, ``status`` (return ``data.status``)."""
+    rx = Receiver(
+        store,
+        [Provider(PROVIDER, [SECRET], lease=lease)],
+        clock=clock or time.time,
+        **options,
+    )
+    recorder = Recorder()
+
+    @rx.on_startup
+    async def create_effects(conn: Connection) -> None:
+        await conn.execute(EFFECTS_DDL)
+
+    @rx.on("order.*")
+    async def record(event: Event, tx: Connection) -> Any:
+        recorder(event)
+        await tx.execute(
+            "INSERT INTO effects (provider, webhook_id, fence, note) VALUES ($1, $2, $3, $4)",
+            event.provider,
+            event.id,
+            event.fence,
+            event.type,
+        )
+        data = event.payload.get("data") or {}
+        mode = data.get("mode", "ok")
+        if mode == "raise":
+            raise RuntimeError("the handler failed on purpose")
+        if mode == "status":
+            return Response(
+                orjson.dumps({"answer": data.get("status")}),
+                int(data["status"]),
+                media_type="application/json",
+            )
+        return {"order": data.get("order"), "fence": event.fence, "seen": event.type}
+
+    return rx, recorder
+
+
+async def effects(store: Store, webhook_id: str | None = None) -> int:
+    """Committed business rows (all, or of one webhook-id)."""
+    async with store.acquire() as conn:
+        if webhook_id is None:
+            return int(await conn.fetchval("SELECT count(*) FROM effects"))
+        return int(
+            await conn.fetchval("SELECT count(*) FROM effects WHERE webhook_id = $1", webhook_id)
+        )
+
+
+async def receipt_count(store: Store) -> int:
+    async with store.acquire() as conn:
+        return int(await conn.fetchval("SELECT count(*) FROM receiver_receipts"))
