@@ -70,7 +70,6 @@ _V1A_B64_LEN = 88
 
 # In the order _webhook_headers returns them.
 _HEADER_KEYS = (b"webhook-id", b"webhook-timestamp", b"webhook-signature")
-_HEADER_KEY_SET = frozenset(_HEADER_KEYS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,17 +242,18 @@ class StandardWebhooks:
 
 def _webhook_headers(headers: Headers) -> tuple[str, str, str]:
     """Return the id, timestamp and signature header values, each present exactly once."""
-    # One pass over the raw list: three Headers.getlist() calls cost more than the HMAC itself.
-    # Like getlist(), this matches the lowercase names that ASGI servers deliver.
-    found: dict[bytes, bytes] = {}
-    for key, value in headers.raw:
-        if key in _HEADER_KEY_SET:
-            if key in found:
-                # Two values would leave it to us which one is "the" id or signature, and a proxy
-                # in front of us could pick the other one. Refuse rather than guess.
+    raw_list = headers.raw
+    # dict() runs in C: three Headers.getlist() calls would cost more than the HMAC itself. Like
+    # getlist(), this matches the lowercase names that ASGI servers deliver.
+    found = dict(raw_list)
+    if len(found) != len(raw_list):
+        # Some name repeats (legitimate for many headers); refuse it if it is one of ours: two
+        # values would leave it to us which is "the" id or signature, and a proxy in front of us
+        # could pick the other one.
+        for key in _HEADER_KEYS:
+            if sum(1 for name, _ in raw_list if name == key) > 1:
                 name = key.decode("ascii")
                 raise MalformedRequest(f"duplicate_header:{name}", f"{name} sent more than once")
-            found[key] = value
     values = []
     for key in _HEADER_KEYS:
         raw = found.get(key)

@@ -69,7 +69,9 @@ async def sqlite_store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-async def store(request: pytest.FixtureRequest, pg_url: str, tmp_path: Path) -> AsyncIterator[Store]:
+async def store(
+    request: pytest.FixtureRequest, pg_url: str, tmp_path: Path
+) -> AsyncIterator[Store]:
     """The conformance suite runs every test on both stores."""
     if request.param == "postgresql":
         await truncate(pg_url)

@@ -12,6 +12,7 @@ skipped, because a skipped race test proves nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import os
 import pwd
@@ -57,7 +58,10 @@ def free_port() -> int:
 
 
 def find_bindir() -> Path | None:
-    for candidate in [shutil.which("pg_ctl"), *sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))]:
+    for candidate in [
+        shutil.which("pg_ctl"),
+        *sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl")),
+    ]:
         if candidate and Path(candidate).exists():
             # /usr/local/bin/pg_ctl on Debian is a wrapper; prefer the real binaries beside initdb.
             real = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
@@ -95,17 +99,24 @@ class Cluster:
 
     def start(self) -> None:
         opts = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} -c fsync=off"
-        self._run("pg_ctl", "-D", str(self.datadir), "-o", opts, "-l", str(self.root / "log"),
-                  "-w", "start")
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.datadir),
+            "-o",
+            opts,
+            "-l",
+            str(self.root / "log"),
+            "-w",
+            "start",
+        )
 
     def stop(self, mode: str = "fast") -> None:
         self._run("pg_ctl", "-D", str(self.datadir), "-m", mode, "-w", "stop")
 
     def destroy(self) -> None:
-        try:
+        with contextlib.suppress(subprocess.CalledProcessError):
             self.stop("immediate")
-        except subprocess.CalledProcessError:
-            pass
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -120,7 +131,7 @@ def start_cluster() -> Cluster:
 
 
 def find_server() -> tuple[str, Cluster | None]:
-    """The admin URL of a PostgreSQL server, and the cluster to stop afterwards if we started one."""
+    """The admin URL of a server, and the cluster to stop afterwards if we started one."""
     url = os.environ.get("RECEIVER_TEST_PG_URL") or os.environ.get("DATABASE_URL")
     if url:
         if not can_connect(url):

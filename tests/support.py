@@ -57,10 +57,21 @@ def signed(
 
 
 class Recorder:
-    """Counts handler invocations (committed or not) per webhook-id."""
+    """Counts handler invocations (committed or not) per webhook-id, and makes chosen
+    deliveries fail after their write, so that the write must roll back."""
 
     def __init__(self) -> None:
         self.calls: collections.Counter[str] = collections.Counter()
+        self.failures: collections.Counter[str] = collections.Counter()
+
+    def fail_next(self, webhook_id: str, times: int = 1) -> None:
+        self.failures[webhook_id] += times
+
+    def should_fail(self, webhook_id: str) -> bool:
+        if self.failures[webhook_id] > 0:
+            self.failures[webhook_id] -= 1
+            return True
+        return False
 
     def __call__(self, event: Event) -> None:
         self.calls[event.id] += 1
@@ -95,7 +106,7 @@ def make_receiver(
         )
         data = event.payload.get("data") or {}
         mode = data.get("mode", "ok")
-        if mode == "raise":
+        if mode == "raise" or recorder.should_fail(event.id):
             raise RuntimeError("the handler failed on purpose")
         if mode == "status":
             return Response(
