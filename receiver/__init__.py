@@ -17,6 +17,16 @@ from ._pipeline import RUN_AGAIN
 from ._postgres import PostgresStore
 from ._providers import Provider
 from ._schedules import DedupWindow, RetrySchedule, dedup_window, exponential
+from ._schemes import (
+    GitHub,
+    Shopify,
+    Slack,
+    Stripe,
+    sign_github,
+    sign_shopify,
+    sign_slack,
+    sign_stripe,
+)
 from ._sqlite import SQLiteStore
 from ._store import Connection, Store, store_from_url
 from ._verification import (
@@ -36,6 +46,7 @@ __all__ = [
     "Connection",
     "DedupWindow",
     "Event",
+    "GitHub",
     "Handler",
     "LeaseLost",
     "MalformedRequest",
@@ -46,12 +57,15 @@ __all__ = [
     "ReceiverError",
     "RetrySchedule",
     "SQLiteStore",
+    "Shopify",
+    "Slack",
     "StandardWebhooks",
     "State",
     "Store",
     "StoreError",
     "StoreUnavailable",
     "StoredResponse",
+    "Stripe",
     "VerificationError",
     "VerifiedDelivery",
     "Verifier",
@@ -60,5 +74,9 @@ __all__ = [
     "generate_keypair",
     "generate_secret",
     "sign",
+    "sign_github",
+    "sign_shopify",
+    "sign_slack",
+    "sign_stripe",
     "store_from_url",
 ]

@@ -17,8 +17,9 @@ HandlerFunc = Callable[[Event, Connection], Awaitable[Any]]
 ReconcileFunc = Callable[[Event], Awaitable[Any]]
 Effects = Literal["transactional", "external"]
 
-# An exact type ("invoice.paid"), a prefix pattern ("invoice.*") or everything ("*").
-_PATTERN = re.compile(r"^(\*|[^*\s]+(\.\*)?)$")
+# An exact type ("invoice.paid"), a prefix pattern ("invoice.*", or "orders/*" for Shopify's
+# topics) or everything ("*").
+_PATTERN = re.compile(r"^(\*|[^*\s]+([./]\*)?)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +44,7 @@ class Handler:
             return False
         if self.pattern == "*":
             return True
-        if self.pattern.endswith(".*"):
+        if self.pattern.endswith("*"):
             return event_type.startswith(self.pattern[:-1])
         return event_type == self.pattern
 
@@ -52,7 +53,7 @@ class Handler:
         """Exact types first, then prefix patterns (longer first), then "*"."""
         if self.pattern == "*":
             return 0
-        if self.pattern.endswith(".*"):
+        if self.pattern.endswith("*"):
             return len(self.pattern)
         return 1 << 30
 
@@ -76,7 +77,7 @@ class Registry:
         if not _PATTERN.match(pattern):
             raise ConfigurationError(
                 f"invalid event type pattern {pattern!r}: use an exact type such as "
-                "'invoice.paid', a prefix such as 'invoice.*', or '*'"
+                "'invoice.paid', a prefix such as 'invoice.*' (or 'orders/*'), or '*'"
             )
         if not inspect.iscoroutinefunction(func):
             raise ConfigurationError(

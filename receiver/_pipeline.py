@@ -133,11 +133,7 @@ class Pipeline:
             payload=parsed.payload,
             body=body,
             headers=headers,
-            timestamp=(
-                None
-                if verified.timestamp is None
-                else dt.datetime.fromtimestamp(verified.timestamp, dt.UTC)
-            ),
+            timestamp=_datetime(verified.timestamp),
             client=client,
         )
         try:
@@ -320,6 +316,15 @@ class Pipeline:
                 await ledger.extend_lease(other, key, fence, until)
 
         return extend
+
+
+def _datetime(timestamp: int | None) -> dt.datetime | None:
+    if timestamp is None:
+        return None
+    try:
+        return dt.datetime.fromtimestamp(timestamp, dt.UTC)
+    except (OverflowError, OSError, ValueError):  # past year 9999: verified, but unrepresentable
+        return None
 
 
 def _with_fence(event: Event, fence: int, extend: Callable[[float], Any]) -> Event:

@@ -9,6 +9,8 @@ from ._exceptions import ConfigurationError
 from ._schedules import DAY, DedupWindow, RetrySchedule, dedup_window
 from ._verification import StandardWebhooks, Verifier
 
+DEFAULT_TOLERANCE = 300.0
+
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
@@ -29,7 +31,7 @@ class Provider:
         secrets: Sequence[str | bytes] = (),
         *,
         verifier: Verifier | None = None,
-        tolerance: float = 300.0,
+        tolerance: float | None = None,
         schedule: RetrySchedule | str | Sequence[float | str] = "svix",
         review_margin: float = DAY,
         ttl: float | None = None,
@@ -49,10 +51,13 @@ class Provider:
                 raise ConfigurationError(
                     f"provider {name!r} has no secrets: pass secrets=['whsec_...'] (or a verifier=)"
                 )
-            verifier = StandardWebhooks(secrets, tolerance=tolerance)
-        elif secrets:
+            verifier = StandardWebhooks(
+                secrets, tolerance=DEFAULT_TOLERANCE if tolerance is None else tolerance
+            )
+        elif secrets or tolerance is not None:
             raise ConfigurationError(
-                f"provider {name!r}: give either secrets= or verifier=, not both"
+                f"provider {name!r}: secrets= and tolerance= configure Standard Webhooks; with "
+                "verifier=, give them to the verifier instead"
             )
         if not lease > 0:
             raise ConfigurationError(f"provider {name!r}: lease must be positive, not {lease!r}")

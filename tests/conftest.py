@@ -4,6 +4,7 @@ tests/pgcluster.py, never skipped."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from receiver import PostgresStore, SQLiteStore, Store
 from tests import pgcluster
 from tests.support import EFFECTS_DDL
 
-TEST_DATABASE = "receiver_test"
+# One database per pytest process, so that concurrent runs on one server never share tables.
+TEST_DATABASE = f"receiver_test_{os.getpid()}"
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +31,7 @@ def pg_admin_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def pg_url(pg_admin_url: str) -> str:
+def pg_url(pg_admin_url: str) -> Iterator[str]:
     async def prepare() -> str:
         url = await pgcluster.recreate_database(pg_admin_url, TEST_DATABASE)
         async with PostgresStore(url) as store:
@@ -38,7 +40,8 @@ def pg_url(pg_admin_url: str) -> str:
                 await conn.execute(EFFECTS_DDL)
         return url
 
-    return asyncio.run(prepare())
+    yield asyncio.run(prepare())
+    asyncio.run(pgcluster.drop_database(pg_admin_url, TEST_DATABASE))
 
 
 async def truncate(url: str) -> None:

@@ -159,3 +159,11 @@ async def recreate_database(admin_url: str, database: str) -> str:
     finally:
         await conn.close()
     return with_database(admin_url, database)
+
+
+async def drop_database(admin_url: str, database: str) -> None:
+    conn = await asyncpg.connect(admin_url)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    finally:
+        await conn.close()

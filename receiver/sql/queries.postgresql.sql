@@ -29,8 +29,8 @@ WHERE provider = $1 AND webhook_id = $2;
 UPDATE receiver_receipts
 SET fence = fence + 1,
     state = 'in_flight',
-    attempts = CASE WHEN expires_at < to_timestamp($6) THEN 0 ELSE attempts END,
-    last_error = CASE WHEN expires_at < to_timestamp($6) THEN NULL ELSE last_error END,
+    attempts = CASE WHEN expires_at <= to_timestamp($6) THEN 0 ELSE attempts END,
+    last_error = CASE WHEN expires_at <= to_timestamp($6) THEN NULL ELSE last_error END,
     payload_hash = $4,
     event_type = $5,
     claimed_at = to_timestamp($6),
@@ -43,8 +43,8 @@ SET fence = fence + 1,
     response_body = NULL
 WHERE provider = $1 AND webhook_id = $2 AND fence = $3
   AND (state = 'released'
-       OR (state = 'in_flight' AND lease_until < to_timestamp($6))
-       OR expires_at < to_timestamp($6))
+       OR (state = 'in_flight' AND lease_until <= to_timestamp($6))
+       OR expires_at <= to_timestamp($6))
 RETURNING fence;
 
 -- name: complete

@@ -1,0 +1,78 @@
+"""The app that acceptance tests run in a real ``receiver serve`` process.
+
+Its ``order.*`` handler appends one line per invocation to the file named by
+``RECEIVER_TEST_INVOCATIONS`` (outside any transaction: a true count of executions, committed
+or not) and writes one ``effects`` row through ``tx``. ``RECEIVER_TEST_CRASH`` makes the process
+SIGKILL itself at a hook point, once per webhook-id listed in ``RECEIVER_TEST_CRASH_IDS``:
+
+- ``before_commit``: after the handler's write, before the transaction commits;
+- ``after_commit``: after the receipt committed, before the HTTP answer is sent.
+
+Only this test app reads these variables; the library knows nothing of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from typing import Any
+
+from starlette.types import Message, Receive, Scope, Send
+
+from receiver import Connection, Event, Provider, Receiver
+from tests.support import EFFECTS_DDL, PROVIDER
+
+STORE = os.environ["RECEIVER_STORE"]
+SECRETS = os.environ["RECEIVER_SECRET"].split(",")
+INVOCATIONS = os.environ.get("RECEIVER_TEST_INVOCATIONS")
+CRASH = os.environ.get("RECEIVER_TEST_CRASH", "")
+CRASH_IDS = set(filter(None, os.environ.get("RECEIVER_TEST_CRASH_IDS", "").split(",")))
+SLOW = float(os.environ.get("RECEIVER_TEST_SLOW", "0"))
+
+rx = Receiver(
+    STORE, [Provider(PROVIDER, SECRETS, lease=float(os.environ.get("RECEIVER_TEST_LEASE", "60")))]
+)
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@rx.on_startup
+async def create_effects(conn: Connection) -> None:
+    await conn.execute(EFFECTS_DDL)
+
+
+@rx.on("order.*")
+async def record(event: Event, tx: Connection) -> Any:
+    if INVOCATIONS:
+        with open(INVOCATIONS, "a") as f:
+            f.write(f"{event.id} {event.fence} {os.getpid()}\n")
+    await tx.execute(
+        "INSERT INTO effects (provider, webhook_id, fence, note) VALUES ($1, $2, $3, $4)",
+        event.provider,
+        event.id,
+        event.fence,
+        f"pid {os.getpid()}",
+    )
+    if SLOW:
+        await asyncio.sleep(SLOW)
+    if CRASH == "before_commit" and event.id in CRASH_IDS:
+        _die()
+    return {"order": event.payload.get("data", {}).get("order"), "fence": event.fence}
+
+
+async def app(scope: Scope, receive: Receive, send: Send) -> None:
+    """The receiver, wrapped so that the after_commit hook can die before the answer is sent."""
+    if CRASH != "after_commit" or scope["type"] != "http":
+        await rx(scope, receive, send)
+        return
+    webhook_id = next((v.decode() for k, v in scope["headers"] if k == b"webhook-id"), None)
+
+    async def guarded_send(message: Message) -> None:
+        if message["type"] == "http.response.start" and webhook_id in CRASH_IDS:
+            _die()  # the receipt is committed: the pipeline answers only after completing
+        await send(message)
+
+    await rx(scope, receive, guarded_send)
