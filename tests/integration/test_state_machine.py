@@ -19,7 +19,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from receiver import PostgresStore, SQLiteStore, Store
 from receiver import _ledger as ledger
