@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -10,7 +11,7 @@ from typing import TypeVar
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -21,6 +22,7 @@ from ._pipeline import Pipeline
 from ._providers import Provider
 from ._responses import error
 from ._store import Connection, Store, store_from_url
+from ._sweeper import SweepReport, sweep, sweep_forever
 
 F = TypeVar("F", bound=HandlerFunc)
 StartupHook = Callable[[Connection], Awaitable[None]]
@@ -59,11 +61,20 @@ class Receiver:
         max_body_size: int = DEFAULT_MAX_BODY,
         clock: Callable[[], float] = time.time,
         retry_after: int = 5,
+        sweep_interval: float | None = 60.0,
     ) -> None:
         self.store: Store = store_from_url(store) if isinstance(store, str) else store
         if max_body_size <= 0:
             raise ConfigurationError(f"max_body_size must be positive, not {max_body_size}")
         self.max_body_size = max_body_size
+        if sweep_interval is not None and not sweep_interval > 0:
+            raise ConfigurationError(
+                f"sweep_interval must be positive seconds, or None to disable the background "
+                f"sweeper, not {sweep_interval!r}"
+            )
+        self.sweep_interval = sweep_interval
+        self.clock = clock
+        self._sweeper: asyncio.Task[None] | None = None
         self.providers: dict[str, Provider] = {}
         for provider in providers:
             self.add_provider(provider)
@@ -156,9 +167,25 @@ class Receiver:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: object = None) -> AsyncIterator[None]:
-        """An ASGI lifespan: ``Starlette(..., lifespan=rx.lifespan)``."""
+        """An ASGI lifespan: ``Starlette(..., lifespan=rx.lifespan)``. Opens the store and runs
+        the background sweeper (every ``sweep_interval`` seconds) while the app serves."""
         async with self:
-            yield
+            if self.sweep_interval is not None:
+                self._sweeper = asyncio.create_task(
+                    sweep_forever(self.sweep, self.sweep_interval), name="receiver-sweeper"
+                )
+            try:
+                yield
+            finally:
+                if self._sweeper is not None:
+                    self._sweeper.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await self._sweeper
+                    self._sweeper = None
+
+    async def sweep(self, *, batch: int = 100) -> SweepReport:
+        """One sweeper pass: recover or fail stale in-flight receipts, delete expired ones."""
+        return await sweep(self.store, self.pipeline, self.providers, now=self.clock(), batch=batch)
 
     # -- serving -------------------------------------------------------------------------------
 
@@ -172,7 +199,8 @@ class Receiver:
         found = self.providers.get(provider)
         if found is None:
             return error(404, "unknown_provider", f"no provider named {provider!r}")
-        return await self.pipeline.deliver(found, Headers(headers=dict(headers)), body)
+        reply = await self.pipeline.deliver(found, Headers(headers=dict(headers)), body)
+        return reply.response
 
     async def _endpoint(self, request: Request) -> Response:
         name = request.path_params["provider"]
@@ -185,8 +213,12 @@ class Receiver:
             return error(413, "body_too_large", f"the body exceeds {self.max_body_size} bytes")
         except ValueError:
             return error(400, "content_length", "the Content-Length header is not a number")
+        except ClientDisconnect:
+            # Nobody is listening; nothing was read into the store. 499 is nginx's convention.
+            return error(499, "client_disconnected", "the client went away mid-body")
         client = request.client.host if request.client else None
-        return await self.pipeline.deliver(provider, request.headers, body, client)
+        reply = await self.pipeline.deliver(provider, request.headers, body, client)
+        return reply.response
 
     async def _read_body(self, request: Request) -> bytes:
         """Read the body, refusing one over the limit before reading it all."""

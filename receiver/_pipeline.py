@@ -2,15 +2,19 @@
 
 This module is the whole behaviour of DESIGN.md "One delivery, step by step". The order is the
 guarantee: nothing touches the store before verification passes (I5), and no handler runs
-without a claim of its key (I1).
+without a claim of its key (I1). Every delivery ends in one :class:`Reply`: the response and
+the :class:`Outcome` that metrics and logs report.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import hashlib
 import logging
 import math
+import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +33,35 @@ from ._responses import IGNORED, encode, error, replay, stored_error
 from ._store import Connection, Store
 
 logger = logging.getLogger("receiver")
+
+# An event type is a routing key and a stored column: printable, bounded, no control characters
+# (PostgreSQL text cannot even hold NUL).
+_EVENT_TYPE = re.compile(r"[^\x00-\x1f\x7f]{1,255}")
+
+
+class Outcome(enum.StrEnum):
+    """How a delivery ended; one label value of the deliveries metric."""
+
+    EXECUTED = "executed"
+    REPLAYED = "replayed"
+    IGNORED = "ignored"
+    IN_FLIGHT = "in_flight_conflict"
+    MISMATCH = "payload_mismatch"
+    REJECTED = "rejected"
+    INVALID = "invalid_payload"
+    HANDLER_FAILED = "handler_failed"
+    LEASE_LOST = "lease_lost"
+    RECONCILED = "reconciled"
+    NEEDS_REVIEW = "needs_review"
+    STORE_UNAVAILABLE = "store_unavailable"
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    response: Response
+    outcome: Outcome
+    fence: int | None = None
+    detail: str | None = None  # the failed check of a rejection
 
 
 class RunAgain:
@@ -74,15 +107,26 @@ def parse(body: bytes, event_type: str | None) -> Parsed:
         return Parsed(None, "", hashlib.sha256(body).digest(), "the body is not valid JSON")
     if event_type is None:
         event_type = payload.get("type") if isinstance(payload, dict) else None
-        if not isinstance(event_type, str) or not event_type:
+        if not isinstance(event_type, str) or not _EVENT_TYPE.fullmatch(event_type):
             return Parsed(
                 payload,
                 "",
                 hashlib.sha256(body).digest(),
-                'the body must be a JSON object with a string "type"',
+                'the body must be a JSON object with a "type": a string of 1-255 characters '
+                "without control characters",
             )
     normalized = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
     return Parsed(payload, event_type, hashlib.sha256(normalized).digest())
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """Everything about one delivery that the steps after verification need."""
+
+    claim: Claim
+    parsed: Parsed
+    handlers: Sequence[Handler]
+    event: Event
 
 
 class Pipeline:
@@ -103,22 +147,76 @@ class Pipeline:
 
     async def deliver(
         self, provider: Provider, headers: Headers, body: bytes, client: str | None = None
-    ) -> Response:
+    ) -> Reply:
+        started = time.perf_counter()
         now = self.clock()
         try:
             verified = provider.verifier.verify(headers, body, now)
         except VerificationError as exc:
-            logger.info(
-                "delivery rejected",
-                extra={"provider": provider.name, "outcome": "rejected", "check": exc.check},
+            reply = Reply(
+                error(exc.status_code, exc.check, str(exc)), Outcome.REJECTED, detail=exc.check
             )
-            return error(exc.status_code, exc.check, str(exc))
-        parsed = parse(body, verified.event_type)
-        key = Key(provider.name, verified.webhook_id)
+            _log(provider.name, None, None, reply, started, headers)
+            return reply
+        job = self._prepare(
+            provider,
+            verified.webhook_id,
+            body,
+            verified.event_type,
+            now,
+            headers=headers,
+            timestamp=verified.timestamp,
+            client=client,
+        )
+        try:
+            async with self.store.acquire() as conn:
+                reply = await self._claim_and_run(conn, job)
+        except StoreUnavailable as exc:
+            reply = self._unavailable(exc)
+        _log(
+            provider.name, job.claim.key.webhook_id, job.parsed.event_type, reply, started, headers
+        )
+        return reply
+
+    async def recover(self, provider: Provider, receipt: Receipt) -> Reply | None:
+        """Recover a stale in-flight receipt nobody redelivers (the sweeper's work), exactly as
+        a redelivery would: run transactional handlers again under the next fence, reconcile
+        external ones. None if another attempt took the receipt over first."""
+        # The body is kept until completion, and the type as claimed (from the body or, for
+        # GitHub-like schemes, from a header), so the job is rebuilt exactly; only the headers
+        # of the original request are not kept.
+        job = self._prepare(
+            provider,
+            receipt.key.webhook_id,
+            receipt.request_body or b"",
+            receipt.event_type,
+            self.clock(),
+        )
+        async with self.store.acquire() as conn:
+            if _external(job.handlers):
+                return await self._recover_external(conn, job, receipt)
+            fence = await ledger.reclaim(conn, job.claim, receipt.fence)
+            if fence is None:
+                return None
+            return await self._run(conn, job, fence)
+
+    def _prepare(
+        self,
+        provider: Provider,
+        webhook_id: str,
+        body: bytes,
+        event_type: str | None,
+        now: float,
+        *,
+        headers: Headers | None = None,
+        timestamp: int | None = None,
+        client: str | None = None,
+    ) -> _Job:
+        parsed = parse(body, event_type)
         handlers = () if parsed.problem else self.registry.match(provider.name, parsed.event_type)
         lease = max((h.lease for h in handlers if h.lease), default=provider.lease)
         claim = Claim(
-            key,
+            Key(provider.name, webhook_id),
             parsed.payload_hash,
             parsed.event_type or None,
             body,
@@ -128,61 +226,52 @@ class Pipeline:
         )
         event = Event(
             provider=provider.name,
-            id=verified.webhook_id,
+            id=webhook_id,
             type=parsed.event_type,
             payload=parsed.payload,
             body=body,
-            headers=headers,
-            timestamp=_datetime(verified.timestamp),
+            headers=headers if headers is not None else Headers(),
+            timestamp=_datetime(timestamp),
             client=client,
         )
-        try:
-            async with self.store.acquire() as conn:
-                return await self._claim_and_run(conn, claim, parsed, handlers, event)
-        except StoreUnavailable as exc:
-            logger.warning(
-                "store unavailable",
-                extra={"provider": key.provider, "webhook_id": key.webhook_id, "error": str(exc)},
-            )
-            return error(
-                503,
-                "store_unavailable",
-                "the receipt store is unavailable; retry later",
-                {"retry-after": str(self.retry_after)},
-            )
+        return _Job(claim, parsed, handlers, event)
 
-    async def _claim_and_run(
-        self,
-        conn: Connection,
-        claim: Claim,
-        parsed: Parsed,
-        handlers: Sequence[Handler],
-        event: Event,
-    ) -> Response:
+    def _unavailable(self, exc: StoreUnavailable) -> Reply:
+        response = error(
+            503,
+            "store_unavailable",
+            "the receipt store is unavailable; retry later",
+            {"retry-after": str(self.retry_after)},
+        )
+        return Reply(response, Outcome.STORE_UNAVAILABLE, detail=str(exc))
+
+    async def _claim_and_run(self, conn: Connection, job: _Job) -> Reply:
+        claim = job.claim
         key = claim.key
         for _ in range(3):
             got = await ledger.claim(conn, claim)
             if isinstance(got, int):
-                return await self._run(conn, claim, got, parsed, handlers, event)
+                return await self._run(conn, job, got)
             receipt = got
             decision = ledger.decide(receipt, claim.payload_hash, claim.now)
             if decision is Decision.REPLAY:
                 assert receipt.response is not None
-                return replay(receipt.response, replayed=True)
+                return Reply(replay(receipt.response, replayed=True), Outcome.REPLAYED)
             if decision is Decision.MISMATCH:
                 logger.warning(
-                    "payload mismatch: same webhook-id, different payload",
+                    "ALERT: payload mismatch: same webhook-id, different payload",
                     extra={"provider": key.provider, "webhook_id": key.webhook_id},
                 )
-                return error(
+                response = error(
                     422,
                     "payload_mismatch",
                     "this webhook-id was already received with a different payload",
                 )
+                return Reply(response, Outcome.MISMATCH)
             if decision is Decision.IN_FLIGHT:
                 return self._in_flight(receipt, claim.now)
-            if decision is Decision.RECOVER and any(h.effects == "external" for h in handlers):
-                return await self._recover_external(conn, claim, receipt, parsed, handlers, event)
+            if decision is Decision.RECOVER and _external(job.handlers):
+                return await self._recover_external(conn, job, receipt)
             fence = await ledger.reclaim(conn, claim, receipt.fence)
             if fence is not None:
                 if decision is Decision.RECOVER:
@@ -190,43 +279,46 @@ class Pipeline:
                         "lease expired; running again under a new fence",
                         extra={"provider": key.provider, "webhook_id": key.webhook_id},
                     )
-                return await self._run(conn, claim, fence, parsed, handlers, event)
+                return await self._run(conn, job, fence)
             # Another attempt reclaimed it between our lookup and our update: look again.
-        return error(409, "in_flight", "the delivery is being processed", {"retry-after": "1"})
+        response = error(409, "in_flight", "the delivery is being processed", {"retry-after": "1"})
+        return Reply(response, Outcome.IN_FLIGHT)
 
-    def _in_flight(self, receipt: Receipt, now: float) -> Response:
+    def _in_flight(self, receipt: Receipt, now: float) -> Reply:
         wait = max(1, math.ceil(receipt.lease_until - now))
-        return error(
+        response = error(
             409,
             "in_flight",
             "this delivery is being processed by another attempt; retry later",
             {"retry-after": str(min(wait, self.retry_after))},
         )
+        return Reply(response, Outcome.IN_FLIGHT, receipt.fence)
 
     async def _run(
         self,
         conn: Connection,
-        claim: Claim,
+        job: _Job,
         fence: int,
-        parsed: Parsed,
-        handlers: Sequence[Handler],
-        event: Event,
         *,
+        handlers: Sequence[Handler] | None = None,
         answer: StoredResponse | None = None,
-    ) -> Response:
+    ) -> Reply:
         """Run the handlers and complete the receipt in one transaction, fenced.
 
-        ``answer``, when given (after a reconcile), is stored instead of the handlers' result.
+        After a reconcile, ``handlers`` are the transactional ones only and ``answer`` (the
+        reconciled result) is stored instead of theirs.
         """
-        key = claim.key
-        if parsed.problem is not None:
-            final = stored_error(400, "invalid_payload", parsed.problem)
+        key = job.claim.key
+        if handlers is None:
+            handlers = job.handlers
+        if job.parsed.problem is not None:
+            final = stored_error(400, "invalid_payload", job.parsed.problem)
             await ledger.complete(conn, key, fence, final, self.clock(), state=State.FAILED)
-            return replay(final, replayed=False)
+            return Reply(replay(final, replayed=False), Outcome.INVALID, fence)
         if not handlers and answer is None:
             await ledger.complete(conn, key, fence, IGNORED, self.clock())
-            return replay(IGNORED, replayed=False)
-        event = _with_fence(event, fence, self._extender(conn, key, fence))
+            return Reply(replay(IGNORED, replayed=False), Outcome.IGNORED, fence)
+        event = _with_fence(job.event, fence, self._extender(conn, key, fence))
         try:
             async with conn.transaction():
                 result: Any = None
@@ -241,19 +333,22 @@ class Pipeline:
                 "lease lost: a newer attempt owns this delivery; rolled back",
                 extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
             )
-            return error(
+            response = error(
                 409, "in_flight", "a newer attempt owns this delivery", {"retry-after": "1"}
             )
+            return Reply(response, Outcome.LEASE_LOST, fence)
         except StoreUnavailable:
             raise
         except Exception as exc:
             return await self._failed(conn, key, fence, exc)
-        return replay(stored, replayed=False)
+        outcome = Outcome.EXECUTED if answer is None else Outcome.RECONCILED
+        return Reply(replay(stored, replayed=False), outcome, fence)
 
-    async def _failed(self, conn: Connection, key: Key, fence: int, exc: Exception) -> Response:
+    async def _failed(self, conn: Connection, key: Key, fence: int, exc: Exception) -> Reply:
         """The handlers raised or answered 5xx: their transaction rolled back; release the key
         so that the sender's retry runs them again, and keep the error."""
-        message = f"{type(exc).__name__}: {exc}"[:2000]
+        # NUL cannot be stored in PostgreSQL text; the message is for people anyway.
+        message = f"{type(exc).__name__}: {exc}".replace("\x00", "\\x00")[:2000]
         logger.error(
             "handler failed; claim released",
             extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
@@ -261,46 +356,37 @@ class Pipeline:
         )
         await ledger.release(conn, key, fence, message, self.clock())
         if isinstance(exc, _Retryable) and exc.response.status == 429:
-            return replay(exc.response, replayed=False)
-        return error(500, "handler_failed", "the handler failed; retry later")
+            return Reply(replay(exc.response, replayed=False), Outcome.HANDLER_FAILED, fence)
+        response = error(500, "handler_failed", "the handler failed; retry later")
+        return Reply(response, Outcome.HANDLER_FAILED, fence)
 
-    async def _recover_external(
-        self,
-        conn: Connection,
-        claim: Claim,
-        receipt: Receipt,
-        parsed: Parsed,
-        handlers: Sequence[Handler],
-        event: Event,
-    ) -> Response:
+    async def _recover_external(self, conn: Connection, job: _Job, receipt: Receipt) -> Reply:
         """An attempt with external effects died or stalled. Never re-run it blindly: each
         external handler's reconcile() asks the outside world what happened."""
-        key = claim.key
-        fence = await ledger.reclaim(conn, claim, receipt.fence)
+        key = job.claim.key
+        fence = await ledger.reclaim(conn, job.claim, receipt.fence)
         if fence is None:
-            return self._in_flight(receipt, claim.now)
-        externals = [h for h in handlers if h.effects == "external"]
-        event = _with_fence(event, fence, self._extender(conn, key, fence))
+            return self._in_flight(receipt, job.claim.now)
+        externals = [h for h in job.handlers if h.effects == "external"]
+        event = _with_fence(job.event, fence, self._extender(conn, key, fence))
         if any(h.reconcile is None for h in externals):
             logger.error(
                 "ALERT: interrupted external handler has no reconcile(); receipt marked failed",
                 extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
             )
             await ledger.complete(conn, key, fence, _NEEDS_REVIEW, self.clock(), state=State.FAILED)
-            return replay(_NEEDS_REVIEW, replayed=False)
+            return Reply(replay(_NEEDS_REVIEW, replayed=False), Outcome.NEEDS_REVIEW, fence)
         try:
             results = [await h.reconcile(event) for h in externals if h.reconcile is not None]
         except Exception as exc:
             return await self._failed(conn, key, fence, exc)
         if any(isinstance(r, RunAgain) for r in results):
-            return await self._run(conn, claim, fence, parsed, handlers, event)
+            return await self._run(conn, job, fence)
         # The external effects happened; the transactional handlers' writes died with the
         # interrupted transaction, so they run again, and the reconciled answer is stored.
         answer = next((r for r in reversed(results) if r is not None), None)
-        transactional = [h for h in handlers if h.effects == "transactional"]
-        return await self._run(
-            conn, claim, fence, parsed, transactional, event, answer=encode(answer)
-        )
+        transactional = [h for h in job.handlers if h.effects == "transactional"]
+        return await self._run(conn, job, fence, handlers=transactional, answer=encode(answer))
 
     def _extender(self, conn: Connection, key: Key, fence: int) -> Callable[[float], Any]:
         async def extend(seconds: float) -> None:
@@ -316,6 +402,38 @@ class Pipeline:
                 await ledger.extend_lease(other, key, fence, until)
 
         return extend
+
+
+def _log(
+    provider: str,
+    webhook_id: str | None,
+    event_type: str | None,
+    reply: Reply,
+    started: float,
+    headers: Headers,
+) -> None:
+    """One structured line per decision. Never the body, a secret or a signature."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    logger.info(
+        "delivery %s",
+        reply.outcome.value,
+        extra={
+            "provider": provider,
+            "webhook_id": webhook_id,
+            "event_type": event_type or None,
+            "outcome": reply.outcome.value,
+            "status": reply.response.status_code,
+            "fence": reply.fence,
+            "check": reply.detail if reply.outcome is Outcome.REJECTED else None,
+            "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+            "request_id": headers.get("x-kong-request-id") or headers.get("x-request-id"),
+        },
+    )
+
+
+def _external(handlers: Sequence[Handler]) -> bool:
+    return any(h.effects == "external" for h in handlers)
 
 
 def _datetime(timestamp: int | None) -> dt.datetime | None:

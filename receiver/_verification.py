@@ -171,6 +171,8 @@ class StandardWebhooks:
         for index, secret in enumerate(secrets):
             key = _load_secret(secret, f"secrets[{index}]")
             if isinstance(key, bytes):
+                # Keyed once: verify copies it, which is about twice as fast as hmac.digest()
+                # re-keying on every request (OpenSSL 3 looks the digest up on each call).
                 hmacs.append(hmac.new(key, digestmod=hashlib.sha256))
             elif isinstance(key, Ed25519PrivateKey):
                 ed25519.append(key.public_key())
@@ -229,31 +231,33 @@ class StandardWebhooks:
         if ts - now > self.tolerance:
             raise VerificationError("timestamp", "webhook-timestamp too new")
 
-        prefix = msg_id + b"." + timestamp + b"."  # signed as sent; the regexes made it canonical
+        # Signed as sent (the regexes made id and timestamp canonical). One joined copy of the
+        # body serves both schemes and costs less than a second HMAC update call on small bodies.
+        content = b".".join((msg_id, timestamp, body))
         expected: list[bytes] | None = None
         for entry in entries:
             version, _, encoded = entry.partition(b",")
             if version == b"v1" and self._hmacs and len(encoded) == _V1_B64_LEN:
-                given = _b64decode_signature(encoded)
-                if given is None:
+                try:
+                    given = binascii.a2b_base64(encoded, strict_mode=True)
+                except binascii.Error:
                     continue
                 if expected is None:  # computed once, on the first v1 entry worth checking
                     expected = []
                     for keyed in self._hmacs:
-                        # Copying the keyed object skips hashing the two key pads per request;
-                        # two updates instead of prefix + body avoid copying a large body.
                         mac = keyed.copy()
-                        mac.update(prefix)
-                        mac.update(body)
+                        mac.update(content)
                         expected.append(mac.digest())
                 for digest in expected:
                     if hmac.compare_digest(digest, given):
                         return VerifiedDelivery(msg_id.decode("ascii"), ts)
             elif version == b"v1a" and self._ed25519 and len(encoded) == _V1A_B64_LEN:
-                given = _b64decode_signature(encoded)
-                if given is None or len(given) != 64:
+                try:
+                    given = binascii.a2b_base64(encoded, strict_mode=True)
+                except binascii.Error:
                     continue
-                content = prefix + body
+                if len(given) != 64:
+                    continue
                 for public_key in self._ed25519:
                     try:
                         public_key.verify(given, content)
@@ -272,13 +276,6 @@ def _refuse_duplicates(raw: list[tuple[bytes, bytes]]) -> None:
         if sum(1 for name, _ in raw if name == key) > 1:
             name = key.decode("ascii")
             raise MalformedRequest(f"duplicate_header:{name}", f"{name} header sent more than once")
-
-
-def _b64decode_signature(encoded: bytes) -> bytes | None:
-    try:
-        return binascii.a2b_base64(encoded, strict_mode=True)
-    except binascii.Error:
-        return None
 
 
 def sign(secret: str | bytes, webhook_id: str, timestamp: int, body: bytes) -> str:

@@ -91,3 +91,50 @@ SELECT state, count(*) AS n FROM receiver_receipts GROUP BY state;
 
 -- name: schema_ready
 SELECT count(*) AS n FROM receiver_receipts WHERE false;
+
+-- name: stale
+-- In-flight receipts whose lease ran out: their attempt died or stalled (the sweeper's work).
+SELECT provider, webhook_id, state, fence, payload_hash, event_type,
+       claimed_at, lease_until, expires_at, completed_at,
+       response_status, response_content_type, response_body, request_body,
+       attempts, last_error
+FROM receiver_receipts
+WHERE state = 'in_flight' AND lease_until <= ?1
+ORDER BY lease_until
+LIMIT ?2;
+
+-- name: delete_expired
+-- Bounded, so that the sweeper never holds many row locks for long.
+DELETE FROM receiver_receipts
+WHERE (provider, webhook_id) IN (
+    SELECT provider, webhook_id FROM receiver_receipts
+    WHERE expires_at <= ?1
+    LIMIT ?2
+)
+RETURNING provider, webhook_id;
+
+-- name: delete_orphan_attempts
+DELETE FROM receiver_attempts
+WHERE (provider, webhook_id, fence) IN (
+    SELECT a.provider, a.webhook_id, a.fence
+    FROM receiver_attempts a
+    LEFT JOIN receiver_receipts r
+        ON r.provider = a.provider AND r.webhook_id = a.webhook_id
+    WHERE r.provider IS NULL
+    LIMIT ?1
+)
+RETURNING fence;
+
+-- name: oldest_in_flight
+SELECT min(claimed_at) AS claimed_at
+FROM receiver_receipts
+WHERE state = 'in_flight';
+
+-- name: list_failed
+SELECT provider, webhook_id, state, fence, event_type, attempts, last_error,
+       claimed_at, completed_at
+FROM receiver_receipts
+WHERE (state = 'failed' OR (state = 'released' AND attempts > 0))
+  AND (?1 = '' OR provider = ?1)
+ORDER BY claimed_at
+LIMIT ?2;

@@ -8,6 +8,12 @@ SIGKILL itself at a hook point, once per webhook-id listed in ``RECEIVER_TEST_CR
 - ``before_commit``: after the handler's write, before the transaction commits;
 - ``after_commit``: after the receipt committed, before the HTTP answer is sent.
 
+With ``RECEIVER_TEST_EXTERNAL`` set, a ``payment.created`` handler declared
+``effects="external"`` is registered too: it appends its invocation line (its "external
+effect") and obeys the same crash hooks. ``RECEIVER_TEST_RECONCILE`` chooses its reconcile:
+``none`` (registered without one), ``done`` (answers ``{"reconciled": true}``) or ``again``
+(answers ``RUN_AGAIN``).
+
 Only this test app reads these variables; the library knows nothing of them.
 """
 
@@ -20,7 +26,7 @@ from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
 
-from receiver import Connection, Event, Provider, Receiver
+from receiver import RUN_AGAIN, Connection, Event, Provider, Receiver
 from tests.support import EFFECTS_DDL, PROVIDER
 
 STORE = os.environ["RECEIVER_STORE"]
@@ -29,6 +35,8 @@ INVOCATIONS = os.environ.get("RECEIVER_TEST_INVOCATIONS")
 CRASH = os.environ.get("RECEIVER_TEST_CRASH", "")
 CRASH_IDS = set(filter(None, os.environ.get("RECEIVER_TEST_CRASH_IDS", "").split(",")))
 SLOW = float(os.environ.get("RECEIVER_TEST_SLOW", "0"))
+EXTERNAL = bool(os.environ.get("RECEIVER_TEST_EXTERNAL"))
+RECONCILE = os.environ.get("RECEIVER_TEST_RECONCILE", "none")
 
 rx = Receiver(
     STORE, [Provider(PROVIDER, SECRETS, lease=float(os.environ.get("RECEIVER_TEST_LEASE", "60")))]
@@ -44,11 +52,15 @@ async def create_effects(conn: Connection) -> None:
     await conn.execute(EFFECTS_DDL)
 
 
+def _count(event: Event) -> None:
+    if INVOCATIONS:
+        with open(INVOCATIONS, "a") as f:  # one tiny append, on purpose outside tx
+            f.write(f"{event.id} {event.fence} {os.getpid()}\n")
+
+
 @rx.on("order.*")
 async def record(event: Event, tx: Connection) -> Any:
-    if INVOCATIONS:
-        with open(INVOCATIONS, "a") as f:  # noqa: ASYNC230 - one tiny append, on purpose outside tx
-            f.write(f"{event.id} {event.fence} {os.getpid()}\n")
+    _count(event)
     await tx.execute(
         "INSERT INTO effects (provider, webhook_id, fence, note) VALUES ($1, $2, $3, $4)",
         event.provider,
@@ -61,6 +73,30 @@ async def record(event: Event, tx: Connection) -> Any:
     if CRASH == "before_commit" and event.id in CRASH_IDS:
         _die()
     return {"order": event.payload.get("data", {}).get("order"), "fence": event.fence}
+
+
+async def reconcile_payment(event: Event) -> Any:
+    if RECONCILE == "again":
+        return RUN_AGAIN
+    return {"reconciled": True}
+
+
+if EXTERNAL:
+    if RECONCILE not in ("none", "done", "again"):
+        raise ValueError(f"RECEIVER_TEST_RECONCILE must be none, done or again: {RECONCILE!r}")
+
+    @rx.on(
+        "payment.created",
+        effects="external",
+        reconcile=None if RECONCILE == "none" else reconcile_payment,
+    )
+    async def pay(event: Event, tx: Connection) -> Any:
+        _count(event)  # the "outside world" this handler acts on
+        if SLOW:
+            await asyncio.sleep(SLOW)
+        if CRASH == "before_commit" and event.id in CRASH_IDS:
+            _die()
+        return {"payment": event.payload.get("data", {}).get("payment"), "fence": event.fence}
 
 
 async def app(scope: Scope, receive: Receive, send: Send) -> None:
