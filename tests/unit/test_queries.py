@@ -1,0 +1,58 @@
+"""The two dialects define the same statements with the same parameters."""
+
+import re
+
+import pytest
+
+from receiver._queries import DIALECTS, parse, queries, schema
+from receiver._store import split_statements
+
+
+def parameters(sql: str) -> set[int]:
+    return {int(n) for n in re.findall(r"[$?](\d+)", sql)}
+
+
+def test_both_dialects_define_the_same_statements() -> None:
+    names = [set(queries(d)) for d in DIALECTS]
+    assert names[0] == names[1]
+    assert {"claim", "lookup", "reclaim", "complete", "release", "stale"} <= names[0]
+
+
+@pytest.mark.parametrize("name", sorted(queries("postgresql")))
+def test_same_positional_parameters(name: str) -> None:
+    assert parameters(queries("postgresql")[name]) == parameters(queries("sqlite")[name])
+
+
+def test_the_claim_is_one_insert_on_conflict_do_nothing() -> None:
+    for dialect in DIALECTS:
+        claim = " ".join(queries(dialect)["claim"].split())
+        assert claim.startswith("INSERT INTO receiver_receipts")
+        assert "ON CONFLICT (provider, webhook_id) DO NOTHING RETURNING fence" in claim
+
+
+def test_completion_and_release_are_fenced() -> None:
+    for dialect in DIALECTS:
+        for name in ("complete", "release", "extend_lease", "reclaim"):
+            sql = queries(dialect)[name]
+            assert "fence = " in sql, (dialect, name)
+            assert "webhook_id = " in sql, (dialect, name)
+
+
+def test_duplicate_names_are_refused() -> None:
+    with pytest.raises(ValueError, match="twice"):
+        parse("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n")
+
+
+def test_schemas_define_the_same_tables() -> None:
+    def tables(dialect: str) -> list[str]:
+        return sorted(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", schema(dialect)))
+
+    assert tables("postgresql") == tables("sqlite") == ["receiver_attempts", "receiver_receipts"]
+    assert all(s.startswith("CREATE") for s in split_statements(schema("postgresql")))
+
+
+def test_the_root_schema_is_the_packaged_one() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "schema.sql"
+    assert root.read_text() == schema("postgresql")
