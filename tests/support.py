@@ -56,6 +56,12 @@ def signed(
     }
 
 
+class SimulatedCrash(BaseException):
+    """Raised by the test handler to model a process dying mid-handler: a BaseException, so
+    nothing in the pipeline catches it; the open transaction rolls back (as the database does
+    when a connection drops) and no release happens, leaving the claim in flight."""
+
+
 class Recorder:
     """Counts handler invocations (committed or not) per webhook-id, and makes chosen
     deliveries fail after their write, so that the write must roll back."""
@@ -63,6 +69,7 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: collections.Counter[str] = collections.Counter()
         self.failures: collections.Counter[str] = collections.Counter()
+        self.crashes: set[str] = set()
 
     def fail_next(self, webhook_id: str, times: int = 1) -> None:
         self.failures[webhook_id] += times
@@ -72,6 +79,9 @@ class Recorder:
             self.failures[webhook_id] -= 1
             return True
         return False
+
+    def crash_next(self, webhook_id: str) -> None:
+        self.crashes.add(webhook_id)
 
     def __call__(self, event: Event) -> None:
         self.calls[event.id] += 1
@@ -104,6 +114,9 @@ def make_receiver(
             event.fence,
             event.type,
         )
+        if event.id in recorder.crashes:
+            recorder.crashes.discard(event.id)
+            raise SimulatedCrash(event.id)
         data = event.payload.get("data") or {}
         mode = data.get("mode", "ok")
         if mode == "raise" or recorder.should_fail(event.id):

@@ -1,7 +1,7 @@
 """T5: a hypothesis state machine delivers random sequences (duplicates, same id with another
-payload, failing handlers, concurrent bursts, workers that die holding a claim, lease expiries,
-receipt expiry) to a real Receiver on a real store, and checks I1-I4 after every step against a
-small model.
+payload, failing handlers, concurrent bursts, workers that die holding a claim or mid-handler,
+lease expiries, receipt expiry) to a real Receiver on a real store, and checks I1-I4 after
+every step against a small model.
 
 Hypothesis rules are synchronous: the machine owns an event loop and drives the async receiver
 through it.
@@ -26,7 +26,7 @@ from receiver import _ledger as ledger
 from receiver._ledger import Claim, Key
 from receiver._pipeline import parse
 from tests.conftest import truncate
-from tests.support import PROVIDER, Clock, body_of, make_receiver, signed
+from tests.support import PROVIDER, Clock, SimulatedCrash, body_of, make_receiver, signed
 
 IDS = ["msg_a", "msg_b", "msg_c"]
 LEASE = 60.0
@@ -215,6 +215,25 @@ class LedgerMachine(RuleBasedStateMachine):
                     assert await ledger.reclaim(conn, claim, got.fence) is not None
 
         self.run(claim_and_die())
+        self.known[webhook_id] = Known(
+            variant, "in_flight", self.clock.now + self.window, self.clock.now + LEASE
+        )
+
+    @rule(
+        webhook_id=st.sampled_from(IDS),
+        variant=st.sampled_from(FINAL_VARIANTS),
+    )
+    def worker_dies_mid_handler(self, webhook_id: str, variant: str) -> None:
+        """The process dies after the handler's write, before commit."""
+        if self._expect(webhook_id, variant) != "run":
+            return
+        self.recorder.crash_next(webhook_id)
+        try:
+            self.run(self._post(webhook_id, variant))
+        except SimulatedCrash:
+            pass
+        else:
+            raise AssertionError("the handler should have crashed")
         self.known[webhook_id] = Known(
             variant, "in_flight", self.clock.now + self.window, self.clock.now + LEASE
         )
