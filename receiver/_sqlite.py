@@ -113,6 +113,9 @@ class SQLiteStore(Store):
         async with self._lock:
             if self._conn is not None:
                 return
+            directory = Path(self._path).parent
+            if self._path != ":memory:" and not directory.is_dir():
+                raise StoreUnavailable(f"SQLite unavailable: directory {directory} does not exist")
             with _translated():
                 conn = await aiosqlite.connect(self._path, isolation_level=None)
                 conn.row_factory = sqlite3.Row
