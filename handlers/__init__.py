@@ -5,8 +5,14 @@ writes through ``tx``, so the business rows commit together with the receipt: a 
 ``order.created`` never inserts a second order, and a crash mid-handler leaves nothing behind.
 
 Configuration comes from the environment (``receiver serve`` sets it from its options):
-``RECEIVER_STORE`` (default ``sqlite:///receiver.db``) and ``RECEIVER_SECRET`` (one or more
-comma-separated ``whsec_``/``whpk_`` secrets of the ``demo`` provider).
+``RECEIVER_STORE`` (default ``sqlite:///receiver.db``), ``RECEIVER_SECRET`` (one or more
+comma-separated ``whsec_``/``whpk_`` secrets of the ``demo`` provider) and
+``RECEIVER_TRUSTED_PROXIES`` (comma-separated addresses or networks of your gateways).
+
+With ``receiver serve --config`` the file builds the Receiver instead, and
+``handlers = ["handlers"]`` in it calls :func:`register` on that Receiver (see
+``examples/receiver.toml``): the demo app below is then never built, and needs no
+``RECEIVER_SECRET``.
 """
 
 from __future__ import annotations
@@ -17,17 +23,6 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 from receiver import ConfigurationError, Connection, Event, Provider, Receiver
-
-STORE = os.environ.get("RECEIVER_STORE", "sqlite:///receiver.db")
-_secrets = [s.strip() for s in os.environ.get("RECEIVER_SECRET", "").split(",") if s.strip()]
-if not _secrets:
-    raise ConfigurationError(
-        "the demo app needs RECEIVER_SECRET (a whsec_... secret); `receiver serve` generates "
-        "one for you and prints it"
-    )
-
-rx = Receiver(STORE, [Provider("demo", _secrets, schedule="svix")])
-app = rx
 
 ORDERS_DDL = """
 CREATE TABLE IF NOT EXISTS orders (
@@ -40,7 +35,6 @@ CREATE TABLE IF NOT EXISTS orders (
 """
 
 
-@rx.on_startup
 async def create_tables(conn: Connection) -> None:
     await conn.execute(ORDERS_DDL)
 
@@ -56,7 +50,6 @@ class _BadEvent(Exception):
     pass
 
 
-@rx.on("order.created")
 async def order_created(event: Event, tx: Connection) -> Any:
     try:
         data = _order(event)
@@ -97,11 +90,47 @@ async def _set_status(event: Event, tx: Connection, status: str) -> Any:
     return {"order_id": data["order_id"], "status": status}
 
 
-@rx.on("order.paid")
 async def order_paid(event: Event, tx: Connection) -> Any:
     return await _set_status(event, tx, "paid")
 
 
-@rx.on("order.cancelled")
 async def order_cancelled(event: Event, tx: Connection) -> Any:
     return await _set_status(event, tx, "cancelled")
+
+
+def register(rx: Receiver) -> None:
+    """Register the order book on ``rx`` (``handlers = ["handlers"]`` in a config file)."""
+    rx.on_startup(create_tables)
+    rx.add_handler("order.created", order_created)
+    rx.add_handler("order.paid", order_paid)
+    rx.add_handler("order.cancelled", order_cancelled)
+
+
+_demo: Receiver | None = None
+
+
+def __getattr__(name: str) -> Receiver:
+    """``rx`` and ``app``: the demo Receiver that ``receiver serve`` runs without ``--config``.
+
+    Built on first use rather than at import, so that a config file can import this module
+    (for :func:`register`) without RECEIVER_SECRET.
+    """
+    global _demo
+    if name not in ("rx", "app"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if _demo is None:
+        store = os.environ.get("RECEIVER_STORE", "sqlite:///receiver.db")
+        secrets = [s.strip() for s in os.environ.get("RECEIVER_SECRET", "").split(",") if s.strip()]
+        if not secrets:
+            raise ConfigurationError(
+                "the demo app needs RECEIVER_SECRET (a whsec_... secret); `receiver serve` "
+                "generates one for you and prints it"
+            )
+        demo = Receiver(
+            store,
+            [Provider("demo", secrets, schedule="svix")],
+            trusted_proxies=os.environ.get("RECEIVER_TRUSTED_PROXIES", ""),
+        )
+        register(demo)
+        _demo = demo
+    return _demo

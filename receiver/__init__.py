@@ -1,6 +1,7 @@
 """receiver: receive webhooks so that each event takes effect exactly once."""
 
 from ._app import Receiver
+from ._config import Config, ProviderConfig, load_config
 from ._events import Event
 from ._exceptions import (
     ConfigurationError,
@@ -13,9 +14,12 @@ from ._exceptions import (
 )
 from ._handlers import Handler
 from ._ledger import Receipt, State, StoredResponse
-from ._pipeline import RUN_AGAIN
+from ._logging import JSONFormatter
+from ._metrics import Metrics
+from ._pipeline import RUN_AGAIN, Outcome, Reply
 from ._postgres import PostgresStore
 from ._providers import Provider
+from ._replay import ReplayRefused
 from ._schedules import DedupWindow, RetrySchedule, dedup_window, exponential
 from ._schemes import (
     GitHub,
@@ -42,19 +46,26 @@ __version__ = "0.1.0"
 
 __all__ = [
     "RUN_AGAIN",
+    "Config",
     "ConfigurationError",
     "Connection",
     "DedupWindow",
     "Event",
     "GitHub",
     "Handler",
+    "JSONFormatter",
     "LeaseLost",
     "MalformedRequest",
+    "Metrics",
+    "Outcome",
     "PostgresStore",
     "Provider",
+    "ProviderConfig",
     "Receipt",
     "Receiver",
     "ReceiverError",
+    "ReplayRefused",
+    "Reply",
     "RetrySchedule",
     "SQLiteStore",
     "Shopify",
@@ -73,6 +84,7 @@ __all__ = [
     "exponential",
     "generate_keypair",
     "generate_secret",
+    "load_config",
     "sign",
     "sign_github",
     "sign_shopify",

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
+from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
@@ -16,10 +18,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from ._events import Event
 from ._exceptions import ConfigurationError
+from ._forwarded import TrustedProxies
 from ._handlers import Effects, Handler, HandlerFunc, ReconcileFunc, Registry
-from ._pipeline import Pipeline
+from ._health import observability_routes, reserved_names
+from ._metrics import Metrics
+from ._pipeline import Pipeline, Reply
 from ._providers import Provider
+from ._replay import replay
 from ._responses import error
 from ._store import Connection, Store, store_from_url
 from ._sweeper import SweepReport, sweep, sweep_forever
@@ -62,6 +69,11 @@ class Receiver:
         clock: Callable[[], float] = time.time,
         retry_after: int = 5,
         sweep_interval: float | None = 60.0,
+        trusted_proxies: Sequence[str] | str = (),
+        metrics: bool = True,
+        metrics_path: str | None = "/metrics",
+        registry: CollectorRegistry | None = None,
+        health: bool = True,
     ) -> None:
         self.store: Store = store_from_url(store) if isinstance(store, str) else store
         if max_body_size <= 0:
@@ -74,15 +86,23 @@ class Receiver:
             )
         self.sweep_interval = sweep_interval
         self.clock = clock
+        # Whose X-Forwarded-For / X-Real-IP to believe for event.client (receiver/_forwarded.py).
+        self.trusted_proxies = TrustedProxies(trusted_proxies)
         self._sweeper: asyncio.Task[None] | None = None
+        # Prometheus metrics (rx.metrics.registry), GET /metrics, /healthz and /readyz.
+        self.metrics: Metrics | None = Metrics(registry) if metrics else None
+        routes = observability_routes(self.store, self.metrics, metrics_path, health, clock)
+        self._reserved = reserved_names(routes)
         self.providers: dict[str, Provider] = {}
         for provider in providers:
             self.add_provider(provider)
         self.registry = Registry()
         self._startup: list[StartupHook] = []
-        self.pipeline = Pipeline(self.store, self.registry, clock=clock, retry_after=retry_after)
+        self.pipeline = Pipeline(
+            self.store, self.registry, clock=clock, retry_after=retry_after, metrics=self.metrics
+        )
         self._app = Starlette(
-            routes=[Route("/{provider}", self._endpoint, methods=["POST"])],
+            routes=[*routes, Route("/{provider}", self._endpoint, methods=["POST"])],
             exception_handlers={HTTPException: self._http_error},
             lifespan=self.lifespan,
         )
@@ -92,7 +112,15 @@ class Receiver:
     def add_provider(self, provider: Provider) -> None:
         if provider.name in self.providers:
             raise ConfigurationError(f"provider {provider.name!r} is configured twice")
+        if provider.name in self._reserved:
+            raise ConfigurationError(
+                f"provider {provider.name!r} would share GET /{provider.name} with the "
+                "receiver's own endpoint: rename the provider, or move or disable the endpoint "
+                "(metrics_path=..., health=False)"
+            )
         self.providers[provider.name] = provider
+        if self.metrics is not None:
+            self.metrics.add_provider(provider.name)
 
     def add_handler(
         self,
@@ -185,7 +213,27 @@ class Receiver:
 
     async def sweep(self, *, batch: int = 100) -> SweepReport:
         """One sweeper pass: recover or fail stale in-flight receipts, delete expired ones."""
-        return await sweep(self.store, self.pipeline, self.providers, now=self.clock(), batch=batch)
+        now = self.clock()
+        report = await sweep(self.store, self.pipeline, self.providers, now=now, batch=batch)
+        if self.metrics is not None:
+            await self.metrics.refresh(self.store, self.clock(), counts=True)
+        return report
+
+    async def replay(self, provider: str, webhook_id: str) -> Reply:
+        """Run a stored failed, released or stale delivery again through the claim and fence
+        path (``receiver replay``). Raises ReplayRefused for a completed, live or unknown one."""
+        return await replay(self, provider, webhook_id)
+
+    def report_double_execution(self, event: Event, detail: str) -> None:
+        """For a handler's own business check (say, its row for ``event.id`` already exists):
+        count a double execution (evidence "reported") and log an alert."""
+        logging.getLogger("receiver").error(
+            "ALERT: double execution reported: %s",
+            detail,
+            extra={"provider": event.provider, "webhook_id": event.id, "fence": event.fence},
+        )
+        if self.metrics is not None:
+            self.metrics.double_execution(event.provider, "reported")
 
     # -- serving -------------------------------------------------------------------------------
 
@@ -200,6 +248,9 @@ class Receiver:
         if found is None:
             return error(404, "unknown_provider", f"no provider named {provider!r}")
         reply = await self.pipeline.deliver(found, Headers(headers=dict(headers)), body)
+        if reply.response.background is not None:  # the key drift check: no HTTP to run it after
+            await reply.response.background()
+            reply.response.background = None
         return reply.response
 
     async def _endpoint(self, request: Request) -> Response:
@@ -210,14 +261,25 @@ class Receiver:
         try:
             body = await self._read_body(request)
         except _TooLarge:
-            return error(413, "body_too_large", f"the body exceeds {self.max_body_size} bytes")
+            detail = f"the body exceeds {self.max_body_size} bytes"
+            return self._refused(name, request, 413, "body_too_large", detail)
         except ValueError:
-            return error(400, "content_length", "the Content-Length header is not a number")
+            detail = "the Content-Length header is not a number"
+            return self._refused(name, request, 400, "content_length", detail)
         except ClientDisconnect:
             # Nobody is listening; nothing was read into the store. 499 is nginx's convention.
-            return error(499, "client_disconnected", "the client went away mid-body")
-        client = request.client.host if request.client else None
+            detail = "the client went away mid-body"
+            return self._refused(name, request, 499, "client_disconnected", detail)
+        peer = request.client.host if request.client else None
+        client = self.trusted_proxies.client(peer, request.headers)
         reply = await self.pipeline.deliver(provider, request.headers, body, client)
+        return reply.response
+
+    def _refused(
+        self, name: str, request: Request, status: int, check: str, detail: str
+    ) -> Response:
+        """Refused before verification; logged and counted like any rejection."""
+        reply = self.pipeline.refused(name, request.headers, error(status, check, detail), check)
         return reply.response
 
     async def _read_body(self, request: Request) -> bytes:

@@ -22,14 +22,23 @@ import orjson
 
 from . import _ledger as ledger
 from ._app import DEFAULT_STORE, Receiver
+from ._config import load_config
 from ._exceptions import ReceiverError
 from ._ledger import Key, Receipt
+from ._logging import FORMATS, logging_config
+from ._pipeline import Outcome, Reply
+from ._replay import ReplayRefused, failed_keys, replay_all
 from ._schedules import describe
 from ._store import Row, store_from_url
 from ._sweeper import SweepReport
 from ._verification import generate_secret, sign
 
 DEFAULT_APP = "handlers:app"
+CONFIG_HELP = "a TOML file: store, limits, providers and handler modules (instead of --app)"
+STORE_HELP = (
+    "store URL: sqlite:///path.db or postgresql://... "
+    f"(default: the --config file's store, else {DEFAULT_STORE})"
+)
 
 
 def _add(
@@ -50,14 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the receiver on uvicorn")
     _add(serve, "app", "the ASGI app to serve, module:attribute", DEFAULT_APP)
-    _add(serve, "store", "store URL: sqlite:///path.db or postgresql://...", DEFAULT_STORE)
+    _add(serve, "config", CONFIG_HELP)
+    _add(serve, "store", STORE_HELP)
     _add(serve, "host", "interface to bind", "127.0.0.1")
     _add(serve, "port", "port to bind", 8000, type=int)
     _add(serve, "workers", "uvicorn worker processes", 1, type=int)
     _add(serve, "log-level", "uvicorn log level", "info")
+    _add(serve, "log-format", "json (one object per line) or text", "json", choices=FORMATS)
 
     migrate = sub.add_parser("migrate", help="create the ledger's tables (idempotent)")
-    _add(migrate, "store", "store URL", DEFAULT_STORE)
+    _add(migrate, "config", "take the store from this config file")
+    _add(migrate, "store", STORE_HELP)
 
     sweep = sub.add_parser("sweep", help="one sweeper pass: recover stale claims, delete expired")
     _add(
@@ -66,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the Receiver whose handlers recover stale claims, module:attribute",
         DEFAULT_APP,
     )
+    _add(sweep, "config", CONFIG_HELP)
     _add(sweep, "batch", "receipts per batch", 100, type=int)
 
     inspect = sub.add_parser("inspect", help="show one receipt: state, attempts, stored answer")
@@ -78,8 +91,26 @@ def build_parser() -> argparse.ArgumentParser:
     _add(failed, "provider", "only this provider", "")
     _add(failed, "limit", "at most this many", 50, type=int)
 
+    replay = sub.add_parser(
+        "replay",
+        help="run failed deliveries again through the claim/fence path (never completed ones)",
+    )
+    replay.add_argument(
+        "target", nargs="*", metavar="PROVIDER WEBHOOK_ID", help="the delivery to replay"
+    )
+    replay.add_argument(
+        "--all-failed",
+        action="store_true",
+        help="replay what `receiver failed` lists, oldest first, at most --limit",
+    )
+    _add(replay, "app", "the Receiver whose handlers run the replay, module:attribute", DEFAULT_APP)
+    _add(replay, "config", CONFIG_HELP)
+    _add(replay, "provider", "with --all-failed: only this provider", "")
+    _add(replay, "limit", "with --all-failed: at most this many", 100, type=int)
+
     ttl = sub.add_parser("ttl", help="explain each provider's retry schedule and dedup window")
     _add(ttl, "app", "the Receiver, module:attribute", DEFAULT_APP)
+    _add(ttl, "config", "explain the providers of this config file (needs no secrets)")
 
     send = sub.add_parser("send", help="sign a delivery and POST it, to try the receiver")
     _add(send, "url", "the provider's endpoint", "http://127.0.0.1:8000/demo")
@@ -101,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "sweep": sweep_command,
             "inspect": inspect_command,
             "failed": failed_command,
+            "replay": replay_command,
             "ttl": ttl_command,
         }[args.command]
         return command(args)
@@ -112,27 +144,46 @@ def main(argv: Sequence[str] | None = None) -> int:
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    os.environ["RECEIVER_STORE"] = args.store
-    if args.app == DEFAULT_APP and not os.environ.get("RECEIVER_SECRET"):
-        secret = generate_secret()
-        os.environ["RECEIVER_SECRET"] = secret
-        url = f"http://{args.host}:{args.port}/demo"
-        print(
-            "No RECEIVER_SECRET set: generated a demo secret for provider 'demo'.\n"
-            f"  export RECEIVER_SECRET={secret}\n"
-            "Try it (run the same line twice to see the replay):\n"
-            f"  receiver send --url {url} --secret {secret} --id msg_demo_1\n",
-            flush=True,
-        )
-    # Import once here so configuration errors are reported before uvicorn starts.
-    _load_app(args.app)
+    if args.config:
+        _config_receiver(args)  # report configuration errors before uvicorn starts
+        # Each worker process builds its own Receiver from the file (receiver/_config.py).
+        os.environ["RECEIVER_CONFIG"] = os.path.abspath(args.config)
+        if args.store:
+            os.environ["RECEIVER_STORE"] = args.store
+        app, factory = "receiver._config:_app_from_environment", True
+    else:
+        os.environ["RECEIVER_STORE"] = args.store or DEFAULT_STORE
+        if args.app == DEFAULT_APP and not os.environ.get("RECEIVER_SECRET"):
+            secret = generate_secret()
+            os.environ["RECEIVER_SECRET"] = secret
+            url = f"http://{args.host}:{args.port}/demo"
+            print(
+                "No RECEIVER_SECRET set: generated a demo secret for provider 'demo'.\n"
+                f"  export RECEIVER_SECRET={secret}\n"
+                "Try it (run the same line twice to see the replay):\n"
+                f"  receiver send --url {url} --secret {secret} --id msg_demo_1\n",
+                flush=True,
+            )
+        # Import once here so configuration errors are reported before uvicorn starts.
+        _load_app(args.app)
+        app, factory = args.app, False
     uvicorn.run(
-        args.app,
+        app,
         host=args.host,
         port=args.port,
         workers=args.workers,
         log_level=args.log_level,
+        log_config=logging_config(args.log_format, args.log_level),
         lifespan="on",
+        factory=factory,
+        # The receiver decides which forwarding headers to believe (trusted_proxies); uvicorn's
+        # own rewriting would trust any local peer's X-Forwarded-For.
+        proxy_headers=False,
+        # Longer than Kong's (and nginx's) 60 s upstream keepalive, so the gateway closes idle
+        # connections first and never sends a request on a socket we are closing.
+        timeout_keep_alive=75,
+        # One structured line per delivery comes from the receiver itself.
+        access_log=False,
     )
     return 0
 
@@ -159,8 +210,25 @@ def _load_receiver(spec: str) -> Receiver:
     return app
 
 
+def _config_receiver(args: argparse.Namespace) -> Receiver:
+    """The Receiver of ``--config``: providers, secrets, handlers, and the file's store unless
+    ``--store`` or RECEIVER_STORE (also for ``sweep``, which has no --store) overrides it."""
+    _check_config_alone(args)
+    sys.path.insert(0, os.getcwd())  # handler modules resolve as --app's module does
+    store = getattr(args, "store", None) or os.environ.get("RECEIVER_STORE") or None
+    return load_config(args.config).receiver(store=store)
+
+
+def _check_config_alone(args: argparse.Namespace) -> None:
+    if args.app != DEFAULT_APP:
+        raise ReceiverError(
+            f"--config and --app {args.app} (or RECEIVER_APP) both say what to run: list the "
+            'handler modules in the file (handlers = ["module"]) and drop --app'
+        )
+
+
 def sweep_command(args: argparse.Namespace) -> int:
-    rx = _load_receiver(args.app)
+    rx = _config_receiver(args) if args.config else _load_receiver(args.app)
 
     async def run() -> SweepReport:
         async with rx:
@@ -224,12 +292,87 @@ def failed_command(args: argparse.Namespace) -> int:
             f"{row['provider']}/{row['webhook_id']}  {row['state']}  type={row['event_type']}  "
             f"attempts={row['attempts']}  claimed={_when(row['claimed_at'])}  {error}"
         )
+    print(
+        "replay one: receiver replay PROVIDER WEBHOOK_ID --app mod:attr; "
+        "all of them: receiver replay --all-failed --app mod:attr",
+        file=sys.stderr,
+    )
     return 0
 
 
+def replay_command(args: argparse.Namespace) -> int:
+    if args.all_failed == bool(args.target) or len(args.target) not in (0, 2):
+        raise ReceiverError(
+            "replay takes PROVIDER WEBHOOK_ID, or --all-failed [--provider P] [--limit N]"
+        )
+    if args.limit <= 0:
+        raise ReceiverError(f"--limit must be positive, not {args.limit}")
+    rx = _config_receiver(args) if args.config else _load_receiver(args.app)
+
+    async def run() -> int:
+        async with rx:
+            if args.target:
+                keys = [Key(*args.target)]
+            else:
+                keys = await failed_keys(rx, args.provider, args.limit)
+                if not keys:
+                    print("no failed receipts to replay")
+                    return 0
+            progress = _Progress(len(keys)) if args.all_failed and sys.stderr.isatty() else None
+            done: dict[str, int] = {}
+            async for key, result in replay_all(rx, keys):
+                name = f"{key.provider}/{key.webhook_id}"
+                if isinstance(result, ReplayRefused):
+                    outcome, line = "refused", f"refused: {result}"
+                else:
+                    outcome, line = result.outcome.value, f"{name}: {_replayed(result)}"
+                done[outcome] = done.get(outcome, 0) + 1
+                if progress is not None:
+                    progress.step(f"{name} {outcome}")
+                else:
+                    print(line, file=sys.stderr if outcome == "refused" else sys.stdout)
+                if args.target and not isinstance(result, ReplayRefused):
+                    print(bytes(result.response.body)[:2000].decode("utf-8", "replace"))
+            if progress is not None:
+                progress.close()
+            if args.all_failed:
+                summary = ", ".join(f"{n} {outcome}" for outcome, n in sorted(done.items()))
+                print(f"replayed {len(keys)}: {summary}")
+            ok = {Outcome.EXECUTED, Outcome.IGNORED, Outcome.INVALID, Outcome.RECONCILED}
+            return 0 if set(done) <= {o.value for o in ok} else 1
+
+    return asyncio.run(run())
+
+
+def _replayed(reply: Reply) -> str:
+    return f"{reply.outcome.value} (HTTP {reply.response.status_code}, fence {reply.fence})"
+
+
+class _Progress:
+    """A one-line progress bar on a terminal (stderr)."""
+
+    def __init__(self, total: int, width: int = 30) -> None:
+        self.total, self.width, self.count = total, width, 0
+
+    def step(self, label: str) -> None:
+        self.count += 1
+        filled = self.width * self.count // self.total
+        bar = "#" * filled + "." * (self.width - filled)
+        sys.stderr.write(f"\r[{bar}] {self.count}/{self.total} {label[:60]:<60}")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
 def ttl_command(args: argparse.Namespace) -> int:
-    rx = _load_receiver(args.app)
-    rows = [describe(p.window) for p in rx.providers.values()]
+    if args.config:
+        _check_config_alone(args)
+        windows = [p.window for p in load_config(args.config).providers]
+    else:
+        windows = [p.window for p in _load_receiver(args.app).providers.values()]
+    rows = [describe(window) for window in windows]
     columns = ["provider", "schedule", "span", "margin", "window", "source"]
     widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
     print("  ".join(c.ljust(widths[c]) for c in columns).rstrip())
@@ -240,7 +383,8 @@ def ttl_command(args: argparse.Namespace) -> int:
 
 def migrate(args: argparse.Namespace) -> int:
     async def run() -> None:
-        async with store_from_url(args.store) as store:
+        url = args.store or (load_config(args.config).store if args.config else DEFAULT_STORE)
+        async with store_from_url(url) as store:
             await store.migrate()
             print(f"schema ready in {store.url}")
 

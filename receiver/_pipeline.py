@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from starlette.background import BackgroundTask
 from starlette.datastructures import Headers
 from starlette.responses import Response
 
@@ -28,6 +29,7 @@ from ._events import Event
 from ._exceptions import LeaseLost, StoreUnavailable, VerificationError
 from ._handlers import Handler, Registry
 from ._ledger import Claim, Decision, Key, Receipt, State, StoredResponse
+from ._metrics import Metrics
 from ._providers import Provider
 from ._responses import IGNORED, encode, error, replay, stored_error
 from ._store import Connection, Store
@@ -58,10 +60,16 @@ class Outcome(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Reply:
+    """How one delivery (or replay) was answered: the response and its :class:`Outcome`."""
+
     response: Response
     outcome: Outcome
     fence: int | None = None
     detail: str | None = None  # the failed check of a rejection
+
+
+# Outcomes of a delivery that claimed its key just now (with fence 1): checked for key drift.
+_FRESH = frozenset({Outcome.EXECUTED, Outcome.IGNORED, Outcome.HANDLER_FAILED})
 
 
 class RunAgain:
@@ -139,11 +147,13 @@ class Pipeline:
         *,
         clock: Callable[[], float],
         retry_after: int,
+        metrics: Metrics | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
         self.clock = clock
         self.retry_after = retry_after
+        self.metrics = metrics
 
     async def deliver(
         self, provider: Provider, headers: Headers, body: bytes, client: str | None = None
@@ -156,7 +166,7 @@ class Pipeline:
             reply = Reply(
                 error(exc.status_code, exc.check, str(exc)), Outcome.REJECTED, detail=exc.check
             )
-            _log(provider.name, None, None, reply, started, headers)
+            self._report(provider.name, None, None, reply, started, headers)
             return reply
         job = self._prepare(
             provider,
@@ -173,10 +183,59 @@ class Pipeline:
                 reply = await self._claim_and_run(conn, job)
         except StoreUnavailable as exc:
             reply = self._unavailable(exc)
-        _log(
+        self._report(
             provider.name, job.claim.key.webhook_id, job.parsed.event_type, reply, started, headers
         )
+        if self.metrics is not None and reply.fence == 1 and reply.outcome in _FRESH:
+            # Key drift is checked only for fresh claims, after the answer is sent.
+            reply.response.background = BackgroundTask(
+                self.metrics.check_drift,
+                self.store,
+                provider.name,
+                job.claim.key.webhook_id,
+                job.parsed.payload_hash,
+                now,
+            )
         return reply
+
+    def refused(self, provider: str, headers: Headers, response: Response, check: str) -> Reply:
+        """Report a delivery refused before verification (too large, unreadable)."""
+        reply = Reply(response, Outcome.REJECTED, detail=check)
+        self._report(provider, None, None, reply, time.perf_counter(), headers)
+        return reply
+
+    def _report(
+        self,
+        provider: str,
+        webhook_id: str | None,
+        event_type: str | None,
+        reply: Reply,
+        started: float,
+        headers: Headers,
+    ) -> None:
+        """One log line and the metrics of one decision."""
+        _log(provider, webhook_id, event_type, reply, started, headers)
+        if self.metrics is not None:
+            self.metrics.delivered(
+                provider, reply.outcome.value, reply.detail, time.perf_counter() - started
+            )
+
+    async def rerun(self, provider: Provider, receipt: Receipt) -> Reply | None:
+        """Run a stored delivery's handlers again under the next fence (a dead-letter replay of
+        a released, lease-expired or reopened receipt), external ones included: the operator
+        asked. None if another attempt took the receipt over first."""
+        job = self._prepare(
+            provider,
+            receipt.key.webhook_id,
+            receipt.request_body or b"",
+            receipt.event_type,
+            self.clock(),
+        )
+        async with self.store.acquire() as conn:
+            fence = await ledger.reclaim(conn, job.claim, receipt.fence)
+            if fence is None:
+                return None
+            return await self._run(conn, job, fence)
 
     async def recover(self, provider: Provider, receipt: Receipt) -> Reply | None:
         """Recover a stale in-flight receipt nobody redelivers (the sweeper's work), exactly as
@@ -319,16 +378,16 @@ class Pipeline:
             await ledger.complete(conn, key, fence, IGNORED, self.clock())
             return Reply(replay(IGNORED, replayed=False), Outcome.IGNORED, fence)
         event = _with_fence(job.event, fence, self._extender(conn, key, fence))
+        finished = False
         try:
             async with conn.transaction():
-                result: Any = None
-                for handler in handlers:
-                    returned = await handler.func(event, conn)
-                    if returned is not None:
-                        result = returned
+                result = await self._call(handlers, event, conn)
+                finished = True
                 stored = _final(answer or encode(result), key)
                 await ledger.complete(conn, key, fence, stored, self.clock())
         except LeaseLost:
+            if finished:
+                await self._ran_twice(conn, key, fence, handlers)
             logger.warning(
                 "lease lost: a newer attempt owns this delivery; rolled back",
                 extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
@@ -343,6 +402,42 @@ class Pipeline:
             return await self._failed(conn, key, fence, exc)
         outcome = Outcome.EXECUTED if answer is None else Outcome.RECONCILED
         return Reply(replay(stored, replayed=False), outcome, fence)
+
+    async def _call(self, handlers: Sequence[Handler], event: Event, conn: Connection) -> Any:
+        """Run the handlers in order; the last non-None result is the answer."""
+        began = time.perf_counter()
+        try:
+            result: Any = None
+            for handler in handlers:
+                returned = await handler.func(event, conn)
+                if returned is not None:
+                    result = returned
+            return result
+        finally:
+            if self.metrics is not None:
+                self.metrics.handler_time(event.provider, time.perf_counter() - began)
+
+    async def _ran_twice(
+        self, conn: Connection, key: Key, fence: int, handlers: Sequence[Handler]
+    ) -> None:
+        """The handlers ran to the end, then the fenced completion was refused. If another
+        attempt has completed the key, its handlers ran to the end twice: a double execution.
+        The fence rolled back this attempt's writes through ``tx``; nothing else it did."""
+        try:
+            receipt = await ledger.lookup(conn, key)
+        except StoreUnavailable:
+            return
+        if receipt is None or receipt.state is not State.COMPLETED:
+            return
+        evidence = "external" if _external(handlers) else "fenced"
+        logger.error(
+            "ALERT: double execution: the handlers ran to the end twice for one key "
+            "(%s: this attempt was fenced out after another completed it)",
+            evidence,
+            extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
+        )
+        if self.metrics is not None:
+            self.metrics.double_execution(key.provider, evidence)
 
     async def _failed(self, conn: Connection, key: Key, fence: int, exc: Exception) -> Reply:
         """The handlers raised or answered 5xx: their transaction rolled back; release the key

@@ -159,8 +159,12 @@ class PostgresStore(Store):
         assert self._pool is not None
         try:
             await self._pool.release(conn)
-        except Exception:  # a broken connection is simply dropped by the pool
-            conn.terminate()
+        except Exception:
+            # The connection broke while in use (the database went away). The pool may have
+            # dropped it already, so terminate() can fail too; either way it is gone, and a
+            # failing clean-up must never replace the answer (503) with a 500.
+            with contextlib.suppress(Exception):
+                conn.terminate()
 
     async def migrate(self) -> None:
         async with self.acquire() as conn, conn.transaction():

@@ -56,19 +56,25 @@ async def sweep(
         if provider is None:
             if await _fail(store, receipt, now, "its provider is no longer configured"):
                 failed += 1
+                _count(pipeline, key.provider, "failed")
             else:
                 skipped += 1
+                _count(pipeline, key.provider, "skipped")
             continue
         reply = await pipeline.recover(provider, receipt)
         if reply is None or reply.outcome in (Outcome.IN_FLIGHT, Outcome.LEASE_LOST):
             skipped += 1
+            _count(pipeline, key.provider, "skipped")
             continue
         if reply.outcome is Outcome.HANDLER_FAILED:
             released += 1
+            _count(pipeline, key.provider, "released")
         elif reply.outcome is Outcome.NEEDS_REVIEW:
             failed += 1
+            _count(pipeline, key.provider, "failed")
         else:
             recovered += 1
+            _count(pipeline, key.provider, "recovered")
         logger.warning(
             "stale receipt swept: %s",
             reply.outcome.value,
@@ -82,6 +88,11 @@ async def sweep(
         if len(gone) < batch:
             break
     return SweepReport(recovered, failed, released, skipped, deleted)
+
+
+def _count(pipeline: Pipeline, provider: str, result: str) -> None:
+    if pipeline.metrics is not None:
+        pipeline.metrics.swept(provider, result)
 
 
 async def _fail(store: Store, receipt: Receipt, now: float, reason: str) -> bool:

@@ -138,3 +138,36 @@ WHERE (state = 'failed' OR (state = 'released' AND attempts > 0))
   AND (?1 = '' OR provider = ?1)
 ORDER BY claimed_at
 LIMIT ?2;
+
+-- name: oldest_in_flight_by_provider
+-- For the metrics' oldest in-flight age; reads only in-flight rows (the partial index).
+SELECT provider, min(claimed_at) AS claimed_at
+FROM receiver_receipts
+WHERE state = 'in_flight'
+GROUP BY provider;
+
+-- name: count_by_provider_state
+SELECT provider, state, count(*) AS n
+FROM receiver_receipts
+GROUP BY provider, state;
+
+-- name: key_drift
+-- Key drift: the same payload already received under another webhook-id, still in its window
+-- (a sender that regenerates ids on retry defeats dedup). Uses the (provider, payload_hash) index.
+SELECT 1 AS found
+FROM receiver_receipts
+WHERE provider = ?1 AND payload_hash = ?2 AND webhook_id <> ?3 AND expires_at > ?4
+LIMIT 1;
+
+-- name: reopen
+-- Dead-letter replay: give a failed receipt back (fenced), so that the replay reclaims it with
+-- the next fence exactly as a sender's retry of a released receipt would.
+UPDATE receiver_receipts
+SET state = 'released',
+    lease_until = ?4,
+    completed_at = NULL,
+    response_status = NULL,
+    response_content_type = NULL,
+    response_body = NULL
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'failed'
+RETURNING fence;

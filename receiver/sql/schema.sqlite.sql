@@ -29,6 +29,10 @@ CREATE INDEX IF NOT EXISTS receiver_receipts_expires_at
 CREATE INDEX IF NOT EXISTS receiver_receipts_in_flight
     ON receiver_receipts (lease_until) WHERE state = 'in_flight';
 
+-- Key drift (the metrics): is this payload already here under another webhook-id?
+CREATE INDEX IF NOT EXISTS receiver_receipts_payload_hash
+    ON receiver_receipts (provider, payload_hash);
+
 CREATE TABLE IF NOT EXISTS receiver_attempts (
     provider   TEXT    NOT NULL,
     webhook_id TEXT    NOT NULL,

@@ -1,5 +1,5 @@
-"""T3, crash: a real ``receiver serve`` process SIGKILLs itself at a hook point, then a fresh
-process on the same store gets the redelivery. Never two committed executions.
+"""T3, crash: a real ``receiver serve`` process SIGKILLs itself at a hook point, then other
+processes on the same store get the redeliveries. Never two committed executions.
 
 - before_commit: the handler wrote through ``tx`` and the process died before the commit. The
   committed in-flight claim keeps the key: a redelivery within the lease is 409 (Retry-After);
@@ -8,6 +8,11 @@ process on the same store gets the redelivery. Never two committed executions.
   a byte-identical replay of the stored answer; the handler ran once.
 - external handlers (``effects="external"``) are never re-run blindly after such a crash: without
   ``reconcile`` the receipt is marked failed (202 needs_review); ``reconcile`` decides otherwise.
+
+Two kinds of survivor take the redeliveries, neither with the crash hook: a *standby* replica
+started before the crash (so that the 409 within the lease is observed whatever the machine's
+load: it answers milliseconds after the death) and a *fresh* process started after the death,
+which knows nothing but what the store holds and performs the recovery.
 
 Every case runs on PostgreSQL and on a SQLite file. The test app (tests/apps/server.py) appends
 "<id> <fence> <pid>" to the invocations file on every true execution, committed or not.
@@ -20,6 +25,9 @@ import re
 import signal
 import sqlite3
 import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +37,16 @@ import orjson
 import pytest
 
 from tests.conftest import truncate
-from tests.servers import Server, running, start_server
+from tests.servers import Server, start_server
 from tests.support import PROVIDER, SECRET, body_of, signed
 
 pytestmark = pytest.mark.slow
 
-LEASE = 3  # seconds: long enough to see the 409 from a freshly started server, short to wait out
+LEASE = 2  # seconds: the dead attempt's claim; the tests wait it out
 NEEDS_REVIEW_PREFIX = b'{"status":"needs_review"'
+RECONCILE_MODES = ("none", "done", "again")
+
+Headers = dict[str, str]
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -110,6 +121,7 @@ def executions(path: Path, webhook_id: str) -> list[tuple[int, int]]:
 
 
 def server_env(store: str, invocations: Path, **extra: str) -> dict[str, str]:
+    """A server without any crash hook (explicitly: the variables may be set outside)."""
     return {
         "RECEIVER_STORE": store,
         "RECEIVER_SECRET": SECRET,
@@ -123,33 +135,48 @@ def server_env(store: str, invocations: Path, **extra: str) -> dict[str, str]:
     }
 
 
-def post(server: Server, body: bytes, headers: dict[str, str]) -> httpx.Response:
+def crashing(env: Mapping[str, str], hook: str, webhook_id: str) -> dict[str, str]:
+    return {**env, "RECEIVER_TEST_CRASH": hook, "RECEIVER_TEST_CRASH_IDS": webhook_id}
+
+
+def start_all(stack: ExitStack, specs: list[tuple[Mapping[str, str], Path]]) -> list[Server]:
+    """Start several servers at once; each is stopped (or killed) when ``stack`` closes."""
+    with ThreadPoolExecutor(len(specs)) as pool:
+        futures = [pool.submit(start_server, env, log) for env, log in specs]
+        servers: list[Server] = []
+        failures: list[BaseException] = []
+        for future in futures:
+            try:
+                servers.append(future.result(timeout=60))
+            except Exception as exc:
+                failures.append(exc)
+    for server in servers:
+        stack.callback(server.stop)
+    if failures:
+        raise failures[0]
+    return servers
+
+
+def post(server: Server, body: bytes, headers: Headers) -> httpx.Response:
     return httpx.post(f"{server.url}/{PROVIDER}", content=body, headers=headers, timeout=15)
 
 
-def crash(env: dict[str, str], log: Path, hook: str, body: bytes, headers: dict[str, str]) -> int:
-    """Deliver to a server that SIGKILLs itself at ``hook``; the client sees the connection drop.
-    Returns the dead process's pid."""
-    server = start_server(
-        {**env, "RECEIVER_TEST_CRASH": hook, "RECEIVER_TEST_CRASH_IDS": headers["webhook-id"]},
-        log,
-    )
+def die(server: Server, hook: str, body: bytes, headers: Headers) -> int:
+    """Deliver to a server that SIGKILLs itself at ``hook``: the client sees the connection
+    drop and the process is dead. Returns its pid."""
     try:
-        try:
-            answer = post(server, body, headers)
-        except httpx.TransportError:
-            pass  # the connection dropped: the process died
-        else:
-            pytest.fail(f"the {hook} hook did not kill the server: {answer.status_code}")
-        code = server.process.wait(timeout=10)
-        assert code == -signal.SIGKILL, f"server exited with {code}:\n{server.output()}"
-    finally:
-        server.kill()
+        answer = post(server, body, headers)
+    except httpx.TransportError:
+        pass  # the connection dropped: the process died
+    else:
+        pytest.fail(f"the {hook} hook did not kill the server: {answer.status_code}")
+    code = server.process.wait(timeout=10)
+    assert code == -signal.SIGKILL, f"server exited with {code}:\n{server.output()}"
     return server.process.pid
 
 
 def assert_replay(answer: httpx.Response, status: int, content_type: str, body: bytes) -> None:
-    assert answer.headers.get("idempotent-replayed") == "true", answer.headers
+    assert answer.headers.get("idempotent-replayed") == "true", (answer.headers, answer.content)
     assert (answer.status_code, answer.headers["content-type"], answer.content) == (
         status,
         content_type,
@@ -162,15 +189,20 @@ def assert_fresh(answer: httpx.Response, status: int, body: bytes) -> None:
     assert (answer.status_code, answer.content) == (status, body)
 
 
-async def assert_in_flight(server: Server, url: str, body: bytes, headers: dict[str, str]) -> float:
-    """Within the dead attempt's lease, a redelivery is 409 with Retry-After; returns the lease
-    end, so that the caller can wait it out."""
-    lease_until = (await receipt(url, headers["webhook-id"]))["lease_until"]
+def redeliver(server: Server, body: bytes, headers: Headers) -> tuple[httpx.Response, float]:
+    """A redelivery, and the time by which the server had decided it."""
     answer = post(server, body, headers)
-    assert time.time() < lease_until, (
-        "the fresh server started too slowly: the lease had already expired, so the 409 could "
-        "not be observed; raise LEASE"
-    )
+    return answer, time.time()
+
+
+async def assert_in_flight(
+    url: str, headers: Headers, redelivered: tuple[httpx.Response, float]
+) -> float:
+    """A redelivery decided within the dead attempt's lease is 409 with Retry-After (and runs
+    nothing); returns the lease's end, so that the caller can wait it out."""
+    answer, answered_at = redelivered
+    lease_until = (await receipt(url, headers["webhook-id"]))["lease_until"]
+    assert answered_at < lease_until, "the lease expired before the redelivery: raise LEASE"
     assert answer.status_code == 409, (answer.status_code, answer.content)
     assert 1 <= int(answer.headers["retry-after"]) <= LEASE, answer.headers
     return lease_until
@@ -192,24 +224,33 @@ async def test_crash_before_commit_runs_again_after_the_lease(
     headers = signed("msg_crash_before", body)
     wid = headers["webhook-id"]
 
-    dead = crash(env, tmp_path / "crashed.log", "before_commit", body, headers)
-    assert executions(invocations, wid) == [(1, dead)]
-    held = await receipt(store_url, wid)
-    assert (held["state"], held["fence"], held["status"]) == ("in_flight", 1, None), held
-    assert await effect_fences(store_url, wid) == [], "the dead attempt's write must roll back"
+    with ExitStack() as stack:
+        victim, standby = start_all(
+            stack,
+            [
+                (crashing(env, "before_commit", wid), tmp_path / "victim.log"),
+                (env, tmp_path / "standby.log"),
+            ],
+        )
+        dead = die(victim, "before_commit", body, headers)
+        assert executions(invocations, wid) == [(1, dead)]
+        held = await receipt(store_url, wid)
+        assert (held["state"], held["fence"], held["status"]) == ("in_flight", 1, None), held
+        assert await effect_fences(store_url, wid) == [], "the dead attempt's write must roll back"
 
-    with running(env, tmp_path / "fresh.log") as fresh:
-        lease_until = await assert_in_flight(fresh, store_url, body, headers)
+        lease_until = await assert_in_flight(store_url, headers, redeliver(standby, body, headers))
         assert executions(invocations, wid) == [(1, dead)], "a 409 must not run the handler"
 
+        (fresh,) = start_all(stack, [(env, tmp_path / "fresh.log")])  # after the death
         wait_out(lease_until)
         again = post(fresh, body, headers)
         assert_fresh(again, 200, orjson.dumps({"order": "o-before", "fence": 2}))
-        replayed = post(fresh, body, headers)
-        assert_replay(replayed, 200, again.headers["content-type"], again.content)
-        fresh_pid = fresh.process.pid
+        for survivor in (fresh, standby):
+            assert_replay(
+                post(survivor, body, headers), 200, again.headers["content-type"], again.content
+            )
 
-    assert executions(invocations, wid) == [(1, dead), (2, fresh_pid)]
+    assert executions(invocations, wid) == [(1, dead), (2, fresh.process.pid)]
     assert await effect_fences(store_url, wid) == [2]
     done = await receipt(store_url, wid)
     assert (done["state"], done["fence"], done["body"]) == ("completed", 2, again.content)
@@ -222,21 +263,23 @@ async def test_crash_after_commit_replays_the_stored_answer(store_url: str, tmp_
     headers = signed("msg_crash_after", body)
     wid = headers["webhook-id"]
 
-    dead = crash(env, tmp_path / "crashed.log", "after_commit", body, headers)
-    stored = await receipt(store_url, wid)
-    expected = orjson.dumps({"order": "o-after", "fence": 1})
-    assert (stored["state"], stored["fence"], stored["status"], stored["body"]) == (
-        "completed",
-        1,
-        200,
-        expected,
-    ), stored
-    assert stored["content_type"] == "application/json"
+    with ExitStack() as stack:
+        (victim,) = start_all(stack, [(crashing(env, "after_commit", wid), tmp_path / "v.log")])
+        dead = die(victim, "after_commit", body, headers)
+        stored = await receipt(store_url, wid)
+        # What the fence-1 handler returned, committed although the sender never got it.
+        expected = orjson.dumps({"order": "o-after", "fence": 1})
+        assert (stored["state"], stored["fence"], stored["status"], stored["body"]) == (
+            "completed",
+            1,
+            200,
+            expected,
+        ), stored
+        assert stored["content_type"] == "application/json"
 
-    with running(env, tmp_path / "fresh.log") as fresh:
-        first = post(fresh, body, headers)
-        second = post(fresh, body, headers)
-    for answer in (first, second):
+        (fresh,) = start_all(stack, [(env, tmp_path / "fresh.log")])  # after the death
+        answers = [post(fresh, body, headers) for _ in range(2)]
+    for answer in answers:
         assert_replay(answer, stored["status"], stored["content_type"], stored["body"])
 
     assert executions(invocations, wid) == [(1, dead)]
@@ -246,50 +289,83 @@ async def test_crash_after_commit_replays_the_stored_answer(store_url: str, tmp_
 # -- external handlers --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("reconcile", ["none", "done", "again"])
 async def test_crash_of_an_external_handler_is_never_rerun_blindly(
-    store_url: str, tmp_path: Path, reconcile: str
+    store_url: str, tmp_path: Path
 ) -> None:
+    """One delivery per reconcile mode, side by side (one lease to wait out, not three): each
+    kills its own server before commit; after the lease a fresh server with that reconcile mode
+    gets the redelivery."""
     invocations = tmp_path / "invocations"
-    env = server_env(
-        store_url,
-        invocations,
-        RECEIVER_TEST_EXTERNAL="1",
-        RECEIVER_TEST_RECONCILE=reconcile,
-    )
     body = body_of("payment.created", payment="p-1")
-    headers = signed(f"msg_external_{reconcile}", body)
-    wid = headers["webhook-id"]
+    cases = {mode: signed(f"msg_external_{mode}", body) for mode in RECONCILE_MODES}
+    envs = {
+        mode: server_env(
+            store_url, invocations, RECEIVER_TEST_EXTERNAL="1", RECEIVER_TEST_RECONCILE=mode
+        )
+        for mode in RECONCILE_MODES
+    }
 
-    dead = crash(env, tmp_path / "crashed.log", "before_commit", body, headers)
-    assert executions(invocations, wid) == [(1, dead)]
+    with ExitStack() as stack:
+        *victims, standby = start_all(
+            stack,
+            [
+                *(
+                    (crashing(envs[m], "before_commit", cases[m]["webhook-id"]), tmp_path / m)
+                    for m in RECONCILE_MODES
+                ),
+                (envs["none"], tmp_path / "standby.log"),
+            ],
+        )
 
-    with running(env, tmp_path / "fresh.log") as fresh:
-        lease_until = await assert_in_flight(fresh, store_url, body, headers)
-        wait_out(lease_until)
-        recovered = post(fresh, body, headers)
-        replayed = post(fresh, body, headers)
-        fresh_pid = fresh.process.pid
+        def kill_then_redeliver(
+            victim: Server, mode: str
+        ) -> tuple[int, tuple[httpx.Response, float]]:
+            dead = die(victim, "before_commit", body, cases[mode])
+            return dead, redeliver(standby, body, cases[mode])  # at once, within the lease
 
-    assert "idempotent-replayed" not in recovered.headers
-    assert_replay(
-        replayed, recovered.status_code, recovered.headers["content-type"], recovered.content
-    )
-    final = await receipt(store_url, wid)
-    assert final["fence"] == 2, final
-    assert final["body"] == recovered.content
-    if reconcile == "none":
-        # No way to ask the outside world: a final answer for the sender, a person looks at it.
-        assert recovered.status_code == 202, (recovered.status_code, recovered.content)
-        assert recovered.content.startswith(NEEDS_REVIEW_PREFIX), recovered.content
-        assert final["state"] == "failed"
-        assert executions(invocations, wid) == [(1, dead)], "re-ran an external handler blindly"
-    elif reconcile == "done":
-        assert (recovered.status_code, recovered.content) == (200, b'{"reconciled":true}')
-        assert final["state"] == "completed"
-        assert executions(invocations, wid) == [(1, dead)], "reconciled, yet ran again"
-    else:
-        expected = orjson.dumps({"payment": "p-1", "fence": 2})
-        assert (recovered.status_code, recovered.content) == (200, expected)
-        assert final["state"] == "completed"
-        assert executions(invocations, wid) == [(1, dead), (2, fresh_pid)]
+        with ThreadPoolExecutor(len(victims)) as pool:
+            outcomes = dict(
+                zip(
+                    RECONCILE_MODES,
+                    pool.map(kill_then_redeliver, victims, RECONCILE_MODES),
+                    strict=True,
+                )
+            )
+        dead = {m: pid for m, (pid, _) in outcomes.items()}
+        leases = [
+            await assert_in_flight(store_url, cases[m], outcomes[m][1]) for m in RECONCILE_MODES
+        ]
+        for mode, headers in cases.items():
+            assert executions(invocations, headers["webhook-id"]) == [(1, dead[mode])]
+
+        started = start_all(stack, [(envs[m], tmp_path / f"fresh-{m}") for m in RECONCILE_MODES])
+        fresh = dict(zip(RECONCILE_MODES, started, strict=True))
+        wait_out(max(leases))
+        recovered = {m: post(fresh[m], body, cases[m]) for m in RECONCILE_MODES}
+        replayed = {m: post(fresh[m], body, cases[m]) for m in RECONCILE_MODES}
+
+    for mode in RECONCILE_MODES:
+        wid = cases[mode]["webhook-id"]
+        answer = recovered[mode]
+        assert "idempotent-replayed" not in answer.headers, (mode, answer.headers)
+        assert_replay(
+            replayed[mode], answer.status_code, answer.headers["content-type"], answer.content
+        )
+        final = await receipt(store_url, wid)
+        assert (final["fence"], final["body"]) == (2, answer.content), (mode, final)
+        ran = executions(invocations, wid)
+        if mode == "none":
+            # No way to ask the outside world: a final answer for the sender, a person looks.
+            assert answer.status_code == 202, (answer.status_code, answer.content)
+            assert answer.content.startswith(NEEDS_REVIEW_PREFIX), answer.content
+            assert final["state"] == "failed"
+            assert ran == [(1, dead[mode])], "re-ran an external handler blindly"
+        elif mode == "done":
+            assert (answer.status_code, answer.content) == (200, b'{"reconciled":true}')
+            assert final["state"] == "completed"
+            assert ran == [(1, dead[mode])], "reconciled as done, yet ran again"
+        else:
+            expected = orjson.dumps({"payment": "p-1", "fence": 2})
+            assert (answer.status_code, answer.content) == (200, expected)
+            assert final["state"] == "completed"
+            assert ran == [(1, dead[mode]), (2, fresh[mode].process.pid)]

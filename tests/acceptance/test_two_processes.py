@@ -72,8 +72,12 @@ async def test_two_processes_execute_each_delivery_once(store_url: str, tmp_path
         # the file's only write lock, so keep it short there.
         "RECEIVER_TEST_SLOW": "0.02" if store_url.startswith("postgresql") else "0.002",
     }
+    # Idle keep-alive connections are dropped well before uvicorn's 5 s keep-alive timeout, so
+    # that the client never reuses one the server is closing (a client-side race).
     limits = httpx.Limits(
-        max_connections=4 * CONCURRENCY, max_keepalive_connections=4 * CONCURRENCY
+        max_connections=4 * CONCURRENCY,
+        max_keepalive_connections=4 * CONCURRENCY,
+        keepalive_expiry=1.0,
     )
     gate = asyncio.Semaphore(CONCURRENCY)
     answers: dict[str, list[httpx.Response]] = {}

@@ -112,3 +112,44 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
         await send(message)
 
     await rx(scope, receive, guarded_send)
+
+
+# -- behind a proxy (tests/acceptance/test_proxy.py) ---------------------------------------------
+# RECEIVER_TEST_TRUSTED_PROXIES: the Receiver's trusted_proxies (comma-separated).
+# RECEIVER_TEST_LOG: a file that gets one JSON line per "receiver" log record, with its extras
+# (provider, webhook_id, outcome, request_id, ...), so that a test can read what was logged.
+# The "echo.request" handler answers what it saw of the request, for byte-for-byte checks.
+
+if os.environ.get("RECEIVER_TEST_TRUSTED_PROXIES"):
+    from receiver._forwarded import TrustedProxies
+
+    rx.trusted_proxies = TrustedProxies(os.environ["RECEIVER_TEST_TRUSTED_PROXIES"])
+
+
+@rx.on("echo.request")
+async def echo(event: Event, tx: Connection) -> Any:
+    import hashlib
+
+    _count(event)
+    return {
+        "client": event.client,
+        "size": len(event.body),
+        "sha256": hashlib.sha256(event.body).hexdigest(),
+        "request_id": event.headers.get("x-kong-request-id"),
+    }
+
+
+if os.environ.get("RECEIVER_TEST_LOG"):
+    import json
+    import logging
+
+    class _JSONLines(logging.FileHandler):
+        _PLAIN = frozenset(vars(logging.makeLogRecord({})))
+
+        def format(self, record: logging.LogRecord) -> str:
+            extras = {k: v for k, v in vars(record).items() if k not in self._PLAIN}
+            return json.dumps({"message": record.getMessage(), **extras}, default=str)
+
+    _log = logging.getLogger("receiver")
+    _log.addHandler(_JSONLines(os.environ["RECEIVER_TEST_LOG"]))
+    _log.setLevel(logging.INFO)

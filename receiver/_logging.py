@@ -1,0 +1,117 @@
+"""Structured logs: one JSON object per line, with the fields the pipeline passes as ``extra``.
+
+The pipeline logs one line per decision (logger ``receiver``) with ``provider``, ``webhook_id``,
+``event_type``, ``outcome``, ``status``, ``fence``, ``duration_ms``, ``request_id`` (the
+gateway's ``X-Kong-Request-Id`` or ``X-Request-Id``) and, for rejections, the failed ``check``.
+Those fields are all it passes: never a body, a secret or a signature. The formatters here only
+render what they are given.
+
+``receiver serve --log-format json|text`` installs them (:func:`logging_config` is the
+``dictConfig`` handed to uvicorn); an application that configures logging itself can use
+:class:`JSONFormatter` in its own handler.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import logging.config
+from typing import Any
+
+import orjson
+
+FORMATS = ("json", "text")
+
+# Attributes every LogRecord has; anything else on a record came from ``extra``.
+_STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {
+    "message",
+    "asctime",
+    "taskName",
+    "color_message",  # uvicorn's coloured duplicate of the message
+}
+
+
+def extras(record: logging.LogRecord) -> dict[str, Any]:
+    """The ``extra`` fields of a record, in the order they were given."""
+    return {k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")}
+
+
+def _dumps(obj: dict[str, Any]) -> str:
+    try:
+        return orjson.dumps(obj, default=str).decode()
+    except TypeError:  # orjson refuses what json accepts (integers past 64 bits, ...)
+        return json.dumps(obj, default=str, ensure_ascii=False)
+
+
+class JSONFormatter(logging.Formatter):
+    """One JSON object per record: ``time`` (UTC, ISO 8601), ``level``, ``logger``,
+    ``message``, every ``extra`` field, and ``exc_type``/``exc`` when an exception is logged."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(
+                timespec="milliseconds"
+            ),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in extras(record).items():
+            out.setdefault(key, value)
+        if record.exc_info and record.exc_info[0] is not None:
+            out["exc_type"] = record.exc_info[0].__name__
+            out["exc"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            out["stack"] = self.formatStack(record.stack_info)
+        return _dumps(out)
+
+
+class TextFormatter(logging.Formatter):
+    """``time level logger: message key=value ...`` for people at a terminal."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = " ".join(f"{k}={v}" for k, v in extras(record).items() if v is not None)
+        if not fields:
+            return line
+        head, newline, tail = line.partition("\n")  # keep a traceback below the fields
+        return f"{head} {fields}{newline}{tail}"
+
+
+def logging_config(log_format: str = "json", level: str = "info") -> dict[str, Any]:
+    """A ``logging.config.dictConfig`` for the receiver and uvicorn (``log_config=`` of
+    ``uvicorn.run``): every record to stderr in ``log_format``. The ``receiver`` logger is left
+    alone (it propagates to the root), so handlers an application added to it stay."""
+    if log_format not in FORMATS:
+        raise ValueError(f"log format must be one of {FORMATS}, not {log_format!r}")
+    name = {"trace": "DEBUG"}.get(level.lower(), level.upper())
+    formatter = "receiver._logging.JSONFormatter" if log_format == "json" else None
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {
+            "receiver": {"()": formatter or "receiver._logging.TextFormatter"},
+        },
+        "handlers": {
+            "default": {
+                "class": "logging.StreamHandler",
+                "formatter": "receiver",
+                "stream": "ext://sys.stderr",
+            },
+        },
+        "root": {"handlers": ["default"], "level": name},
+        "loggers": {
+            "uvicorn": {"handlers": ["default"], "level": name, "propagate": False},
+            "uvicorn.error": {"level": name},
+            "uvicorn.access": {"handlers": ["default"], "level": name, "propagate": False},
+        },
+    }
+
+
+def configure_logging(log_format: str = "json", level: str = "info") -> None:
+    """Install :func:`logging_config` in this process (for commands that do not run uvicorn)."""
+    logging.config.dictConfig(logging_config(log_format, level))

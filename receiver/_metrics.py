@@ -1,0 +1,293 @@
+"""Prometheus metrics of one Receiver: what happened to each delivery, and the evidence of a
+double execution or a drifting key the day it starts (DESIGN.md, Observability).
+
+Each Receiver owns a :class:`Metrics` with its own ``CollectorRegistry`` (unless given one), so
+several receivers in one process, or one per test, never collide. Every series is labelled by
+provider; every other label takes values from a short fixed list. A webhook-id, an event type or
+anything from a payload is never a label: those are unbounded and chosen by the sender.
+
+The gauges that describe the ledger (receipts per state, age of the oldest in-flight receipt)
+are read from the store: the oldest in-flight age on every scrape (it reads only in-flight rows,
+through the partial index), the per-state counts at most every ``count_interval`` seconds and
+after every sweeper pass (a count of the whole table is not free on a big one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ._store import Store
+
+logger = logging.getLogger("receiver.metrics")
+
+# Outcome values (receiver._pipeline.Outcome), repeated here so that every series of a provider
+# exists from the start at 0: an alert on increase() then sees the very first increment.
+OUTCOMES = (
+    "executed",
+    "replayed",
+    "ignored",
+    "in_flight_conflict",
+    "payload_mismatch",
+    "rejected",
+    "invalid_payload",
+    "handler_failed",
+    "lease_lost",
+    "reconciled",
+    "needs_review",
+    "store_unavailable",
+)
+
+#: The ``reason`` label of rejected deliveries: the failed check, from this list or "other".
+REASONS = (
+    "signature",
+    "timestamp",
+    "webhook_id",
+    "event_type",
+    "event_id",
+    "missing_header",
+    "duplicate_header",
+    "body_too_large",
+    "content_length",
+    "client_disconnected",
+    "other",
+)
+
+#: The ``evidence`` label of double executions.
+EVIDENCE = (
+    # An attempt ran its handlers to the end, and its fenced completion found the key already
+    # completed by another attempt: the handlers ran twice for one key. Their writes through
+    # ``tx`` rolled back (the fence held), anything else they did happened twice.
+    "fenced",
+    # The same, and the attempt had handlers with external effects, which cannot roll back.
+    "external",
+    # The application's own check said so (Receiver.report_double_execution).
+    "reported",
+)
+
+#: The ``result`` label of stale leases handled by the sweeper.
+SWEEP_RESULTS = ("recovered", "failed", "released", "skipped")
+
+STATES = ("in_flight", "completed", "failed", "released")
+
+# Seconds. Handlers are usually milliseconds; leases are a minute by default.
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def reason_of(check: str | None) -> str:
+    """The bounded ``reason`` label of a failed check (``missing_header:webhook-id`` ->
+    ``missing_header``; a custom verifier's own names -> ``other``)."""
+    if not check:
+        return "other"
+    head = check.split(":", 1)[0]
+    return head if head in REASONS else "other"
+
+
+class _LedgerGauges(Collector):
+    """Gauges whose values are read from the store by :meth:`Metrics.refresh`."""
+
+    def __init__(self) -> None:
+        self.providers: list[str] = []
+        self.counts: dict[tuple[str, str], int] | None = None
+        self.oldest: dict[str, float] | None = None  # provider -> claimed_at of the oldest
+        self.now: float = 0.0
+
+    def collect(self) -> Iterator[Metric]:
+        if self.counts is not None:
+            receipts = GaugeMetricFamily(
+                "receiver_receipts",
+                "Receipts stored in the ledger, per state (read from the store).",
+                labels=["provider", "state"],
+            )
+            counts = dict.fromkeys(((p, s) for p in self.providers for s in STATES), 0)
+            counts.update(self.counts)
+            for (provider, state), n in sorted(counts.items()):
+                receipts.add_metric([provider, state], n)
+            yield receipts
+        if self.oldest is not None:
+            age = GaugeMetricFamily(
+                "receiver_oldest_in_flight_age_seconds",
+                "Age of the oldest in-flight receipt (0 when none): a stuck lease shows here.",
+                labels=["provider"],
+            )
+            ages = dict.fromkeys(self.providers, 0.0)
+            ages.update({p: max(0.0, self.now - claimed) for p, claimed in self.oldest.items()})
+            for provider, seconds in sorted(ages.items()):
+                age.add_metric([provider], seconds)
+            yield age
+
+
+class Metrics:
+    """The Prometheus instruments of one Receiver (``rx.metrics``)."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        count_interval: float = 60.0,
+        refresh_timeout: float = 2.0,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        #: Seconds between two counts of receipts per state on scrape (0: every scrape).
+        self.count_interval = count_interval
+        self.refresh_timeout = refresh_timeout
+        self._counted_at: float | None = None
+        r = self.registry
+        self.deliveries = Counter(
+            "receiver_deliveries",
+            "Deliveries answered, by outcome; rejected ones also by the failed check (reason).",
+            ["provider", "outcome", "reason"],
+            registry=r,
+        )
+        self.double_executions = Counter(
+            "receiver_double_executions",
+            "Evidence that one key's handlers ran to the end twice. Must stay 0.",
+            ["provider", "evidence"],
+            registry=r,
+        )
+        self.key_mismatches = Counter(
+            "receiver_key_mismatches",
+            "Deliveries refused because their webhook-id was received with another payload.",
+            ["provider"],
+            registry=r,
+        )
+        self.key_drift = Counter(
+            "receiver_key_drift",
+            "Fresh deliveries whose payload was already received under another webhook-id "
+            "within the dedup window (a sender that changes ids on retry defeats dedup).",
+            ["provider"],
+            registry=r,
+        )
+        self.stale_leases = Counter(
+            "receiver_stale_leases",
+            "Stale in-flight receipts handled by the sweeper, by result.",
+            ["provider", "result"],
+            registry=r,
+        )
+        self.replays = Counter(
+            "receiver_replays",
+            "Dead-letter replays (receiver replay), by outcome.",
+            ["provider", "outcome"],
+            registry=r,
+        )
+        self.handler_seconds = Histogram(
+            "receiver_handler_duration_seconds",
+            "Time the handlers of one attempt took (returned or raised).",
+            ["provider"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.delivery_seconds = Histogram(
+            "receiver_delivery_duration_seconds",
+            "Time from a delivery's arrival to its answer, by outcome.",
+            ["provider", "outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._ledger = _LedgerGauges()
+        r.register(self._ledger)
+
+    def add_provider(self, provider: str) -> None:
+        """Create the provider's series at 0, so that the first event is an increase."""
+        for outcome in OUTCOMES:
+            if outcome != "rejected":
+                self.deliveries.labels(provider, outcome, "")
+        for reason in REASONS:
+            self.deliveries.labels(provider, "rejected", reason)
+        for evidence in EVIDENCE:
+            self.double_executions.labels(provider, evidence)
+        for result in SWEEP_RESULTS:
+            self.stale_leases.labels(provider, result)
+        self.key_mismatches.labels(provider)
+        self.key_drift.labels(provider)
+        self.handler_seconds.labels(provider)
+        self._ledger.providers.append(provider)
+
+    # -- events --------------------------------------------------------------------------------
+
+    def delivered(self, provider: str, outcome: str, check: str | None, seconds: float) -> None:
+        reason = reason_of(check) if outcome == "rejected" else ""
+        self.deliveries.labels(provider, outcome, reason).inc()
+        self.delivery_seconds.labels(provider, outcome).observe(seconds)
+        if outcome == "payload_mismatch":
+            self.key_mismatches.labels(provider).inc()
+
+    def double_execution(self, provider: str, evidence: str) -> None:
+        self.double_executions.labels(provider, evidence).inc()
+
+    def swept(self, provider: str, result: str) -> None:
+        self.stale_leases.labels(provider, result).inc()
+
+    async def check_drift(
+        self, store: Store, provider: str, webhook_id: str, payload_hash: bytes, now: float
+    ) -> None:
+        """Key drift: count a freshly claimed delivery whose payload is already in the ledger
+        under another webhook-id (one indexed lookup, run after the answer is sent)."""
+        try:
+            async with store.acquire() as conn:
+                found = await conn.run("key_drift", provider, payload_hash, webhook_id, now)
+        except Exception as exc:  # only a metric: never fail or delay a delivery for it
+            logger.debug("metrics: key drift check failed (%s)", type(exc).__name__)
+            return
+        if found is not None:
+            self.key_drift.labels(provider).inc()
+            logger.warning(
+                "key drift: this payload was already received under another webhook-id",
+                extra={"provider": provider, "webhook_id": webhook_id},
+            )
+
+    def replayed(self, provider: str, outcome: str) -> None:
+        self.replays.labels(provider, outcome).inc()
+
+    def handler_time(self, provider: str, seconds: float) -> None:
+        self.handler_seconds.labels(provider).observe(seconds)
+
+    # -- the ledger's gauges -------------------------------------------------------------------
+
+    async def refresh(self, store: Store, now: float, *, counts: bool | None = None) -> None:
+        """Read the ledger's gauges from the store (bounded by ``refresh_timeout``). On failure
+        the previous values stay, and the failure is logged."""
+        if counts is None:
+            counts = self._counted_at is None or now - self._counted_at >= self.count_interval
+        try:
+            await asyncio.wait_for(self._read(store, now, counts), self.refresh_timeout)
+        except Exception as exc:  # a scrape must answer even when the store does not
+            logger.warning("metrics: could not read the ledger's gauges (%s)", type(exc).__name__)
+
+    async def _read(self, store: Store, now: float, counts: bool) -> None:
+        async with store.acquire() as conn:
+            rows = await conn.run_all("oldest_in_flight_by_provider")
+            oldest = {r["provider"]: float(r["claimed_at"]) for r in rows}
+            if counts:
+                rows = await conn.run_all("count_by_provider_state")
+                self._ledger.counts = {(r["provider"], r["state"]): int(r["n"]) for r in rows}
+                self._counted_at = now
+        self._ledger.oldest, self._ledger.now = oldest, now
+
+    async def render(self, store: Store, now: float) -> bytes:
+        """The exposition text, after refreshing the ledger's gauges."""
+        await self.refresh(store, now)
+        return generate_latest(self.registry)
