@@ -380,7 +380,9 @@ class Pipeline:
         event = _with_fence(job.event, fence, self._extender(conn, key, fence))
         finished = False
         try:
-            async with conn.transaction():
+            # Begun by the handlers' first statement: handlers that never use tx cost no
+            # BEGIN/COMMIT, and the completion below is then one autocommitted statement.
+            async with conn.deferred_transaction():
                 result = await self._call(handlers, event, conn)
                 finished = True
                 stored = _final(answer or encode(result), key)

@@ -47,27 +47,22 @@ class PostgresConnection(Connection):
     dialect = "postgresql"
 
     def __init__(self, conn: asyncpg.Connection) -> None:
+        super().__init__()
         self._conn = conn
 
-    @property
-    def raw(self) -> asyncpg.Connection:
+    def _raw(self) -> asyncpg.Connection:
         return self._conn
 
-    async def execute(self, query: str, *args: Any) -> None:
+    async def _execute(self, query: str, *args: Any) -> None:
         with _translated():
             await self._conn.execute(query, *args)
 
-    async def fetch(self, query: str, *args: Any) -> list[Row]:
+    async def _fetch(self, query: str, *args: Any) -> list[Row]:
         with _translated():
             return list(await self._conn.fetch(query, *args))
 
-    async def fetchrow(self, query: str, *args: Any) -> Row | None:
-        with _translated():
-            row: Row | None = await self._conn.fetchrow(query, *args)
-            return row
-
     @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[None]:
+    async def _transaction(self) -> AsyncIterator[None]:
         # asyncpg turns a nested transaction() into a savepoint.
         with _translated():
             async with self._conn.transaction():

@@ -47,25 +47,25 @@ class SQLiteConnection(Connection):
     dialect = "sqlite"
 
     def __init__(self, conn: aiosqlite.Connection) -> None:
+        super().__init__()
         self._conn = conn
         self._depth = 0
 
-    @property
-    def raw(self) -> aiosqlite.Connection:
+    def _raw(self) -> aiosqlite.Connection:
         return self._conn
 
-    async def execute(self, query: str, *args: Any) -> None:
+    async def _execute(self, query: str, *args: Any) -> None:
         with _translated():
             await self._conn.execute(_PLACEHOLDER.sub(r"?\1", query), args)
 
-    async def fetch(self, query: str, *args: Any) -> list[Row]:
+    async def _fetch(self, query: str, *args: Any) -> list[Row]:
         with _translated():
             async with self._conn.execute(_PLACEHOLDER.sub(r"?\1", query), args) as cursor:
                 rows = await cursor.fetchall()
         return [dict(zip(row.keys(), tuple(row), strict=True)) for row in rows]
 
     @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[None]:
+    async def _transaction(self) -> AsyncIterator[None]:
         depth = self._depth
         begin, commit, rollback = (
             ("BEGIN IMMEDIATE", "COMMIT", "ROLLBACK")

@@ -9,11 +9,12 @@ through them. Two implementations exist: :class:`~receiver.PostgresStore` (async
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, ClassVar
 
-from ._exceptions import ConfigurationError
+from ._exceptions import ConfigurationError, ReceiverError
 from ._queries import queries
 
 Row = Mapping[str, Any]
@@ -22,27 +23,50 @@ Row = Mapping[str, Any]
 class Connection(abc.ABC):
     """A database connection lent for one delivery.
 
-    The ``tx`` argument of every handler is a Connection inside the open transaction that will
-    also mark the receipt completed: whatever a handler writes through it commits together with
-    the receipt, or not at all. Queries use PostgreSQL's ``$1, $2, ...`` placeholders on every
-    store (SQLite receives them as ``?1, ?2, ...``). ``raw`` is the driver's own connection
-    (``asyncpg.Connection`` or ``aiosqlite.Connection``) for anything else.
+    The ``tx`` argument of every handler is a Connection inside the transaction that will also
+    mark the receipt completed: whatever a handler writes through it commits together with the
+    receipt, or not at all. Queries use PostgreSQL's ``$1, $2, ...`` placeholders on every store
+    (SQLite receives them as ``?1, ?2, ...``).
+
+    The handlers' transaction begins with their first statement: a handler that never touches
+    ``tx`` costs no BEGIN and no COMMIT, and its receipt is completed by one statement. ``raw``
+    is the driver's own connection (``asyncpg.Connection`` or ``aiosqlite.Connection``); inside
+    a handler, ``await tx.begin()`` before using it, so that its statements join the transaction.
     """
 
     dialect: ClassVar[str]
 
+    def __init__(self) -> None:
+        # The handlers' deferred transaction: entered by the first statement they send.
+        self._deferred: AbstractAsyncContextManager[None] | None = None
+        self._begun = False
+
     @property
-    @abc.abstractmethod
     def raw(self) -> Any:
         """The driver's connection object."""
+        if self._deferred is not None and not self._begun:
+            raise ReceiverError(
+                "tx.raw is used outside the handlers' transaction: call `await tx.begin()` "
+                "first, so that its statements commit (or roll back) with the receipt"
+            )
+        return self._raw()
 
-    @abc.abstractmethod
+    async def begin(self) -> None:
+        """Begin the handlers' transaction now (it otherwise begins with their first
+        statement). Needed only before using ``raw`` inside a handler."""
+        if self._deferred is not None and not self._begun:
+            self._begun = True
+            await self._deferred.__aenter__()
+
     async def execute(self, query: str, *args: Any) -> None:
         """Run a statement, discarding any result."""
+        await self.begin()
+        await self._execute(query, *args)
 
-    @abc.abstractmethod
     async def fetch(self, query: str, *args: Any) -> list[Row]:
         """Run a query and return every row, each a mapping of column name to value."""
+        await self.begin()
+        return await self._fetch(query, *args)
 
     async def fetchrow(self, query: str, *args: Any) -> Row | None:
         """Run a query and return its first row, or None."""
@@ -54,17 +78,59 @@ class Connection(abc.ABC):
         row = await self.fetchrow(query, *args)
         return None if row is None else next(iter(row.values()))
 
-    @abc.abstractmethod
     def transaction(self) -> AbstractAsyncContextManager[None]:
         """A transaction (a savepoint when nested) committed on success, rolled back on error."""
+        return self._nested()
 
-    # The ledger's own statements, by name (see receiver/sql/queries.*.sql).
+    @contextlib.asynccontextmanager
+    async def _nested(self) -> AsyncIterator[None]:
+        await self.begin()
+        async with self._transaction():
+            yield
+
+    @contextlib.asynccontextmanager
+    async def deferred_transaction(self) -> AsyncIterator[None]:
+        """The handlers' transaction, begun by their first statement (see the class docstring).
+        The ledger's own statements (:meth:`run`) never begin it: when the handlers sent none,
+        the receipt's completion is a single autocommitted statement."""
+        if self._deferred is not None:
+            raise RuntimeError("deferred transactions do not nest")
+        self._deferred, self._begun = self._transaction(), False
+        try:
+            try:
+                yield
+            except BaseException as exc:
+                if self._begun:
+                    await self._deferred.__aexit__(type(exc), exc, exc.__traceback__)
+                raise
+            if self._begun:
+                await self._deferred.__aexit__(None, None, None)
+        finally:
+            self._deferred, self._begun = None, False
+
+    # The driver-specific parts.
+
+    @abc.abstractmethod
+    def _raw(self) -> Any: ...
+
+    @abc.abstractmethod
+    async def _execute(self, query: str, *args: Any) -> None: ...
+
+    @abc.abstractmethod
+    async def _fetch(self, query: str, *args: Any) -> list[Row]: ...
+
+    @abc.abstractmethod
+    def _transaction(self) -> AbstractAsyncContextManager[None]: ...
+
+    # The ledger's own statements, by name (see receiver/sql/queries.*.sql). They run in
+    # whatever transaction is open, and never begin the handlers' deferred one.
 
     async def run(self, name: str, *args: Any) -> Row | None:
-        return await self.fetchrow(queries(self.dialect)[name], *args)
+        rows = await self._fetch(queries(self.dialect)[name], *args)
+        return rows[0] if rows else None
 
     async def run_all(self, name: str, *args: Any) -> list[Row]:
-        return await self.fetch(queries(self.dialect)[name], *args)
+        return await self._fetch(queries(self.dialect)[name], *args)
 
 
 class Store(abc.ABC):

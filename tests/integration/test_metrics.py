@@ -362,28 +362,29 @@ class _BrokenConnection(Connection):
     the caller the existing fence instead of refusing it (the arbiter lets a duplicate in)."""
 
     def __init__(self, inner: Connection) -> None:
+        super().__init__()
         self.inner = inner
         self.dialect = inner.dialect  # type: ignore[misc]
 
-    @property
-    def raw(self) -> Any:
-        return self.inner.raw
+    def _raw(self) -> Any:
+        return self.inner._raw()
 
-    async def execute(self, query: str, *args: Any) -> None:
-        await self.inner.execute(query, *args)
+    async def _execute(self, query: str, *args: Any) -> None:
+        await self.inner._execute(query, *args)
 
-    async def fetch(self, query: str, *args: Any) -> list[Any]:
-        return await self.inner.fetch(query, *args)
+    async def _fetch(self, query: str, *args: Any) -> list[Any]:
+        return await self.inner._fetch(query, *args)
 
-    def transaction(self) -> Any:
-        return self.inner.transaction()
+    def _transaction(self) -> Any:
+        return self.inner._transaction()
 
     async def run(self, name: str, *args: Any) -> Any:
         if name == "claim":
             broken = queries(self.dialect)["claim"].replace(
                 "DO NOTHING", "DO UPDATE SET fence = receiver_receipts.fence"
             )
-            return await self.inner.fetchrow(broken, *args)
+            rows = await self.inner._fetch(broken, *args)
+            return rows[0] if rows else None
         return await self.inner.run(name, *args)
 
 

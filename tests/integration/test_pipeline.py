@@ -12,11 +12,21 @@ from starlette.applications import Starlette
 from starlette.responses import Response
 from starlette.routing import Mount
 
-from receiver import Connection, Event, PostgresStore, Provider, Receiver, SQLiteStore, Store
+from receiver import (
+    Connection,
+    Event,
+    PostgresStore,
+    Provider,
+    Receiver,
+    ReceiverError,
+    SQLiteStore,
+    Store,
+)
 from receiver import _ledger as ledger
 from receiver._ledger import Claim, Key
 from tests.pgcluster import free_port
 from tests.support import (
+    EFFECTS_DDL,
     PROVIDER,
     SECRET,
     T0,
@@ -479,3 +489,66 @@ async def test_mounted_into_a_starlette_app(store: Store, clock: Clock) -> None:
         )
     assert answer.status_code == 200
     assert recorder.calls["msg_1"] == 1
+
+
+# -- the handlers' deferred transaction ------------------------------------------------------
+
+
+async def test_raw_needs_the_transaction_begun(store: Store, clock: Clock) -> None:
+    """tx.raw inside a handler must not let writes escape the receipt's transaction."""
+    rx = Receiver(store, [Provider(PROVIDER, [SECRET])], clock=clock)
+    seen: list[str] = []
+
+    @rx.on_startup
+    async def tables(conn: Connection) -> None:
+        await conn.execute(EFFECTS_DDL)
+
+    @rx.on("raw.early")
+    async def early(event: Event, tx: Connection) -> None:
+        try:
+            tx.raw  # noqa: B018 - the access itself is what is tested
+        except ReceiverError as exc:
+            seen.append(str(exc))
+            raise
+
+    @rx.on("raw.begun")
+    async def begun(event: Event, tx: Connection) -> None:
+        await tx.begin()
+        raw = tx.raw
+        query = "INSERT INTO effects (provider, webhook_id, fence) VALUES ({}, {}, {})"
+        marks = ("$1", "$2", "$3") if tx.dialect == "postgresql" else ("?", "?", "?")
+        args = (event.provider, event.id, event.fence)
+        if tx.dialect == "postgresql":
+            await raw.execute(query.format(*marks), *args)
+        else:
+            await raw.execute(query.format(*marks), args)
+        if event.payload["data"].get("fail"):
+            raise RuntimeError("after a raw write")
+
+    async with await open_client(rx) as client:
+        refused = await post(client, "msg_1", body_of("raw.early"), clock)
+        ok = await post(client, "msg_2", body_of("raw.begun"), clock)
+        failed = await post(client, "msg_3", body_of("raw.begun", fail=True), clock)
+    assert refused.status_code == 500
+    assert "await tx.begin()" in seen[0]
+    assert ok.status_code == 200
+    assert failed.status_code == 500
+    assert await effects(store, "msg_2") == 1
+    assert await effects(store, "msg_3") == 0  # the raw write rolled back with the attempt
+
+
+async def test_a_handler_that_never_uses_tx_still_completes_under_its_fence(
+    store: Store, clock: Clock
+) -> None:
+    rx = Receiver(store, [Provider(PROVIDER, [SECRET])], clock=clock)
+
+    @rx.on("ping")
+    async def ping(event: Event, tx: Connection) -> dict[str, int]:
+        return {"fence": event.fence}
+
+    async with await open_client(rx) as client:
+        first = await post(client, "msg_1", body_of("ping"), clock)
+        again = await post(client, "msg_1", body_of("ping"), clock)
+    assert first.json() == {"fence": 1}
+    assert same_answer(first, again)
+    assert (await row(store, "msg_1")).state == "completed"
