@@ -120,8 +120,17 @@ def decide(receipt: Receipt, payload_hash: bytes, now: float) -> Decision:
     return Decision.IN_FLIGHT if receipt.lease_until > now else Decision.RECOVER
 
 
-async def claim(conn: Connection, c: Claim) -> int | Receipt:
-    """Claim ``c.key``: the fence (an int) if this caller owns it now, else the existing receipt.
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """The caller owns the key now, with fence 1."""
+
+    fence: int
+    #: The same payload is already in the window under another webhook-id (None: not checked).
+    drift: bool | None
+
+
+async def claim(conn: Connection, c: Claim) -> Claimed | Receipt:
+    """Claim ``c.key``: :class:`Claimed` if this caller owns it now, else the existing receipt.
 
     A row can disappear between the insert and the lookup (the sweeper deleted it because it
     expired); the insert is then simply tried again.
@@ -139,8 +148,11 @@ async def claim(conn: Connection, c: Claim) -> int | Receipt:
             c.now + c.window,
             c.body,
         )
-        if row is not None:
-            return int(row["fence"])
+        if row is not None and row["claimed"]:
+            drift = row["drift"]
+            return Claimed(int(row["fence"]), None if drift is None else bool(drift))
+        if row is not None:  # PostgreSQL returns the existing receipt in the same statement
+            return Receipt.from_row(k, row)
         existing = await lookup(conn, k)
         if existing is not None:
             return existing

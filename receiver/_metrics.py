@@ -253,11 +253,15 @@ class Metrics:
             logger.debug("metrics: key drift check failed (%s)", type(exc).__name__)
             return
         if found is not None:
-            self.key_drift.labels(provider).inc()
-            logger.warning(
-                "key drift: this payload was already received under another webhook-id",
-                extra={"provider": provider, "webhook_id": webhook_id},
-            )
+            self.drifted(provider, webhook_id)
+
+    def drifted(self, provider: str, webhook_id: str) -> None:
+        """A fresh delivery's payload is already in the ledger under another webhook-id."""
+        self.key_drift.labels(provider).inc()
+        logger.warning(
+            "key drift: this payload was already received under another webhook-id",
+            extra={"provider": provider, "webhook_id": webhook_id},
+        )
 
     def replayed(self, provider: str, outcome: str) -> None:
         self.replays.labels(provider, outcome).inc()

@@ -127,7 +127,7 @@ def parse(body: bytes, event_type: str | None) -> Parsed:
     return Parsed(payload, event_type, hashlib.sha256(normalized).digest())
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Job:
     """Everything about one delivery that the steps after verification need."""
 
@@ -135,6 +135,9 @@ class _Job:
     parsed: Parsed
     handlers: Sequence[Handler]
     event: Event
+    #: Set by a fresh claim: the payload is already in the window under another webhook-id
+    #: (None: the store did not check, see :meth:`Pipeline.deliver`).
+    drift: bool | None = None
 
 
 class Pipeline:
@@ -186,8 +189,13 @@ class Pipeline:
         self._report(
             provider.name, job.claim.key.webhook_id, job.parsed.event_type, reply, started, headers
         )
-        if self.metrics is not None and reply.fence == 1 and reply.outcome in _FRESH:
-            # Key drift is checked only for fresh claims, after the answer is sent.
+        if self.metrics is not None and job.drift:
+            self.metrics.drifted(provider.name, job.claim.key.webhook_id)
+        elif self.metrics is not None and job.drift is None and reply.fence == 1 and (
+            reply.outcome in _FRESH
+        ):
+            # A store whose claim does not check key drift itself (SQLite): check fresh claims
+            # after the answer is sent.
             reply.response.background = BackgroundTask(
                 self.metrics.check_drift,
                 self.store,
@@ -309,8 +317,9 @@ class Pipeline:
         key = claim.key
         for _ in range(3):
             got = await ledger.claim(conn, claim)
-            if isinstance(got, int):
-                return await self._run(conn, job, got)
+            if isinstance(got, ledger.Claimed):
+                job.drift = got.drift
+                return await self._run(conn, job, got.fence)
             receipt = got
             decision = ledger.decide(receipt, claim.payload_hash, claim.now)
             if decision is Decision.REPLAY:

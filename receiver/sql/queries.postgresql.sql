@@ -4,13 +4,42 @@
 -- same for both dialects.
 
 -- name: claim
--- The arbiter: one statement. A row back means this caller owns the key with fence 1.
-INSERT INTO receiver_receipts
-    (provider, webhook_id, payload_hash, state, fence, event_type,
-     claimed_at, lease_until, expires_at, request_body)
-VALUES ($1, $2, $3, 'in_flight', 1, $4, to_timestamp($5), to_timestamp($6), to_timestamp($7), $8)
-ON CONFLICT (provider, webhook_id) DO NOTHING
-RETURNING fence;
+-- The arbiter: one statement, one round trip. If the insert wins, the row says so (claimed,
+-- fence 1) and whether the same payload is already in the window under another webhook-id (key
+-- drift: a sender that regenerates ids on retry defeats dedup). If it loses, the row is the
+-- existing receipt (without its request body). No row at all: the conflicting claim committed
+-- after this statement's snapshot was taken; the caller looks the key up again.
+WITH claimed AS (
+    INSERT INTO receiver_receipts
+        (provider, webhook_id, payload_hash, state, fence, event_type,
+         claimed_at, lease_until, expires_at, request_body)
+    VALUES ($1, $2, $3, 'in_flight', 1, $4,
+            to_timestamp($5), to_timestamp($6), to_timestamp($7), $8)
+    ON CONFLICT (provider, webhook_id) DO NOTHING
+    RETURNING fence
+)
+SELECT true AS claimed, fence,
+       EXISTS (
+           SELECT 1 FROM receiver_receipts d
+           WHERE d.provider = $1 AND d.payload_hash = $3 AND d.webhook_id <> $2
+             AND d.expires_at > to_timestamp($5)
+       ) AS drift,
+       NULL::text AS state, NULL::bytea AS payload_hash, NULL::text AS event_type,
+       NULL::float8 AS claimed_at, NULL::float8 AS lease_until, NULL::float8 AS expires_at,
+       NULL::float8 AS completed_at, NULL::integer AS response_status,
+       NULL::text AS response_content_type, NULL::bytea AS response_body,
+       NULL::bytea AS request_body, NULL::integer AS attempts, NULL::text AS last_error
+FROM claimed
+UNION ALL
+SELECT false, r.fence, NULL, r.state, r.payload_hash, r.event_type,
+       extract(epoch FROM r.claimed_at)::float8,
+       extract(epoch FROM r.lease_until)::float8,
+       extract(epoch FROM r.expires_at)::float8,
+       extract(epoch FROM r.completed_at)::float8,
+       r.response_status, r.response_content_type, r.response_body,
+       NULL, r.attempts, r.last_error
+FROM receiver_receipts r
+WHERE r.provider = $1 AND r.webhook_id = $2 AND NOT EXISTS (SELECT 1 FROM claimed);
 
 -- name: lookup
 SELECT state, fence, payload_hash, event_type,

@@ -3,13 +3,15 @@
 -- "$N". Times are stored as unix seconds (REAL).
 
 -- name: claim
--- The arbiter: one statement. A row back means this caller owns the key with fence 1.
+-- The arbiter: one statement. A row back means this caller owns the key with fence 1; no row,
+-- that the key exists (the caller looks it up: SQLite has no INSERT inside WITH, and a second
+-- statement costs no network round trip here). Key drift is checked separately.
 INSERT INTO receiver_receipts
     (provider, webhook_id, payload_hash, state, fence, event_type,
      claimed_at, lease_until, expires_at, request_body)
 VALUES (?1, ?2, ?3, 'in_flight', 1, ?4, ?5, ?6, ?7, ?8)
 ON CONFLICT (provider, webhook_id) DO NOTHING
-RETURNING fence;
+RETURNING 1 AS claimed, fence, NULL AS drift;
 
 -- name: lookup
 SELECT state, fence, payload_hash, event_type,

@@ -232,7 +232,9 @@ async def test_in_flight_duplicate_is_409_with_retry_after(app, store: Store, cl
     client, _ = app
     body = body_of(order="o-1")
     async with store.acquire() as conn:  # another worker's live claim
-        assert await ledger.claim(conn, claim_of("msg_1", body, clock.now)) == 1
+        claimed = await ledger.claim(conn, claim_of("msg_1", body, clock.now))
+        assert isinstance(claimed, ledger.Claimed)
+        assert claimed.fence == 1
     clock.advance(20)
     answer = await post(client, "msg_1", body, clock)
     assert answer.status_code == 409

@@ -61,7 +61,9 @@ async def dead_claim(store: Store, webhook_id: str, body: bytes, now: float) -> 
         Key(PROVIDER, webhook_id), parsed.payload_hash, parsed.event_type, body, now, LEASE, 3600
     )
     async with store.acquire() as conn:
-        assert await ledger.claim(conn, claim) == 1
+        claimed = await ledger.claim(conn, claim)
+        assert isinstance(claimed, ledger.Claimed)
+        assert claimed.fence == 1
 
 
 async def test_a_released_delivery_runs_once_and_completes(store: Store) -> None:
