@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from ._cache import ReplayCache
 from ._events import Event
 from ._exceptions import ConfigurationError
 from ._forwarded import TrustedProxies
@@ -74,6 +75,7 @@ class Receiver:
         metrics_path: str | None = "/metrics",
         registry: CollectorRegistry | None = None,
         health: bool = True,
+        replay_cache: int = 10_000,
     ) -> None:
         self.store: Store = store_from_url(store) if isinstance(store, str) else store
         if max_body_size <= 0:
@@ -98,8 +100,18 @@ class Receiver:
             self.add_provider(provider)
         self.registry = Registry()
         self._startup: list[StartupHook] = []
+        if replay_cache < 0:
+            raise ConfigurationError(
+                f"replay_cache must be >= 0 (0 disables it), not {replay_cache}"
+            )
         self.pipeline = Pipeline(
-            self.store, self.registry, clock=clock, retry_after=retry_after, metrics=self.metrics
+            self.store,
+            self.registry,
+            clock=clock,
+            retry_after=retry_after,
+            metrics=self.metrics,
+            # Completed receipts this process has seen, replayed without a round trip.
+            cache=ReplayCache(replay_cache) if replay_cache else None,
         )
         self._app = Starlette(
             routes=[*routes, Route("/{provider}", self._endpoint, methods=["POST"])],

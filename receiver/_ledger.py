@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
 
 from ._exceptions import LeaseLost
 from ._store import Connection, Row
@@ -92,10 +91,6 @@ class Claim:
     now: float
     lease: float
     window: float
-
-    @property
-    def args(self) -> tuple[Any, ...]:
-        return (self.payload_hash, self.event_type, self.now, self.now + self.lease)
 
 
 class Decision(enum.Enum):

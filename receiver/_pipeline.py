@@ -25,6 +25,7 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 
 from . import _ledger as ledger
+from ._cache import ReplayCache
 from ._events import Event
 from ._exceptions import LeaseLost, StoreUnavailable, VerificationError
 from ._handlers import Handler, Registry
@@ -151,8 +152,10 @@ class Pipeline:
         clock: Callable[[], float],
         retry_after: int,
         metrics: Metrics | None = None,
+        cache: ReplayCache | None = None,
     ) -> None:
         self.store = store
+        self.cache = cache
         self.registry = registry
         self.clock = clock
         self.retry_after = retry_after
@@ -181,18 +184,29 @@ class Pipeline:
             timestamp=verified.timestamp,
             client=client,
         )
-        try:
-            async with self.store.acquire() as conn:
-                reply = await self._claim_and_run(conn, job)
-        except StoreUnavailable as exc:
-            reply = self._unavailable(exc)
+        cached = None if self.cache is None else self.cache.get(job.claim.key, now)
+        if cached is not None:
+            # A completed receipt seen before by this process: answered without a round trip.
+            if cached.payload_hash == job.claim.payload_hash:
+                reply = Reply(replay(cached.response, replayed=True), Outcome.REPLAYED)
+            else:
+                reply = self._mismatch(job.claim.key)
+        else:
+            try:
+                async with self.store.acquire() as conn:
+                    reply = await self._claim_and_run(conn, job)
+            except StoreUnavailable as exc:
+                reply = self._unavailable(exc)
         self._report(
             provider.name, job.claim.key.webhook_id, job.parsed.event_type, reply, started, headers
         )
         if self.metrics is not None and job.drift:
             self.metrics.drifted(provider.name, job.claim.key.webhook_id)
-        elif self.metrics is not None and job.drift is None and reply.fence == 1 and (
-            reply.outcome in _FRESH
+        elif (
+            self.metrics is not None
+            and job.drift is None
+            and reply.fence == 1
+            and (reply.outcome in _FRESH)
         ):
             # A store whose claim does not check key drift itself (SQLite): check fresh claims
             # after the answer is sent.
@@ -324,18 +338,11 @@ class Pipeline:
             decision = ledger.decide(receipt, claim.payload_hash, claim.now)
             if decision is Decision.REPLAY:
                 assert receipt.response is not None
+                if receipt.state is State.COMPLETED:
+                    self._remember(key, receipt.payload_hash, receipt.response, receipt.expires_at)
                 return Reply(replay(receipt.response, replayed=True), Outcome.REPLAYED)
             if decision is Decision.MISMATCH:
-                logger.warning(
-                    "ALERT: payload mismatch: same webhook-id, different payload",
-                    extra={"provider": key.provider, "webhook_id": key.webhook_id},
-                )
-                response = error(
-                    422,
-                    "payload_mismatch",
-                    "this webhook-id was already received with a different payload",
-                )
-                return Reply(response, Outcome.MISMATCH)
+                return self._mismatch(key)
             if decision is Decision.IN_FLIGHT:
                 return self._in_flight(receipt, claim.now)
             if decision is Decision.RECOVER and _external(job.handlers):
@@ -351,6 +358,22 @@ class Pipeline:
             # Another attempt reclaimed it between our lookup and our update: look again.
         response = error(409, "in_flight", "the delivery is being processed", {"retry-after": "1"})
         return Reply(response, Outcome.IN_FLIGHT)
+
+    def _mismatch(self, key: Key) -> Reply:
+        logger.warning(
+            "ALERT: payload mismatch: same webhook-id, different payload",
+            extra={"provider": key.provider, "webhook_id": key.webhook_id},
+        )
+        response = error(
+            422, "payload_mismatch", "this webhook-id was already received with a different payload"
+        )
+        return Reply(response, Outcome.MISMATCH)
+
+    def _remember(
+        self, key: Key, payload_hash: bytes, response: StoredResponse, expires_at: float
+    ) -> None:
+        if self.cache is not None:
+            self.cache.put(key, payload_hash, response, expires_at)
 
     def _in_flight(self, receipt: Receipt, now: float) -> Reply:
         wait = max(1, math.ceil(receipt.lease_until - now))
@@ -383,8 +406,10 @@ class Pipeline:
             final = stored_error(400, "invalid_payload", job.parsed.problem)
             await ledger.complete(conn, key, fence, final, self.clock(), state=State.FAILED)
             return Reply(replay(final, replayed=False), Outcome.INVALID, fence)
+        claim = job.claim
         if not handlers and answer is None:
             await ledger.complete(conn, key, fence, IGNORED, self.clock())
+            self._remember(key, claim.payload_hash, IGNORED, claim.now + claim.window)
             return Reply(replay(IGNORED, replayed=False), Outcome.IGNORED, fence)
         event = _with_fence(job.event, fence, self._extender(conn, key, fence))
         finished = False
@@ -411,6 +436,7 @@ class Pipeline:
             raise
         except Exception as exc:
             return await self._failed(conn, key, fence, exc)
+        self._remember(key, claim.payload_hash, stored, claim.now + claim.window)
         outcome = Outcome.EXECUTED if answer is None else Outcome.RECONCILED
         return Reply(replay(stored, replayed=False), outcome, fence)
 

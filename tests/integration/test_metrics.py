@@ -430,7 +430,8 @@ async def test_a_broken_arbiter_is_caught_as_a_double_execution(
     store: Store, effects_kind: str
 ) -> None:
     clock = Clock()
-    rx = Receiver(BrokenArbiter(store), [Provider(PROVIDER, [SECRET])], clock=clock)
+    # No replay cache: it trusts the ledger, and this ledger is broken on purpose.
+    rx = Receiver(BrokenArbiter(store), [Provider(PROVIDER, [SECRET])], clock=clock, replay_cache=0)
     outside: list[int] = []  # the external world
 
     @rx.on_startup
@@ -518,7 +519,8 @@ async def test_a_business_check_can_report_a_double_execution(store: Store) -> N
     """A receipt lost before the sender stopped retrying (deleted by hand, restored from an
     older backup): the ledger cannot know, the handler's own data can."""
     clock = Clock()
-    rx = Receiver(store, [Provider(PROVIDER, [SECRET])], clock=clock)
+    # No replay cache: the test deletes a receipt by hand behind its back.
+    rx = Receiver(store, [Provider(PROVIDER, [SECRET])], clock=clock, replay_cache=0)
 
     @rx.on_startup
     async def tables(conn: Connection) -> None:

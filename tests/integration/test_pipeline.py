@@ -554,3 +554,53 @@ async def test_a_handler_that_never_uses_tx_still_completes_under_its_fence(
     assert first.json() == {"fence": 1}
     assert same_answer(first, again)
     assert (await row(store, "msg_1")).state == "completed"
+
+
+# -- the replay cache --------------------------------------------------------------------------
+
+
+async def forget(store: Store, webhook_id: str) -> None:
+    """Delete a receipt behind the receiver's back (only a test does this)."""
+    async with store.acquire() as conn:
+        await conn.execute("DELETE FROM receiver_receipts WHERE webhook_id = $1", webhook_id)
+
+
+async def test_completed_receipts_are_replayed_from_memory(store: Store, clock: Clock) -> None:
+    rx, recorder = make_receiver(store, clock=clock)
+    body = body_of(order="o-1")
+    async with await open_client(rx) as client:
+        first = await post(client, "msg_1", body, clock)
+        await forget(store, "msg_1")
+        # No round trip: the process remembers the completed receipt.
+        again = await post(client, "msg_1", body, clock)
+        other = await post(client, "msg_1", body_of(order="o-2"), clock)
+    assert same_answer(first, again)
+    assert again.headers["idempotent-replayed"] == "true"
+    assert other.status_code == 422
+    assert recorder.calls["msg_1"] == 1
+
+
+async def test_the_replay_cache_respects_the_window_and_can_be_disabled(
+    store: Store, clock: Clock
+) -> None:
+    rx, recorder = make_receiver(store, clock=clock)
+    uncached, recorder2 = make_receiver(store, clock=clock, replay_cache=0)
+    body = body_of(order="o-1")
+    async with await open_client(rx) as client, await open_client(uncached) as plain:
+        await post(client, "msg_1", body, clock)
+        await forget(store, "msg_1")
+        assert (await post(plain, "msg_1", body, clock)).json()["fence"] == 1  # ran again
+        clock.advance(rx.providers[PROVIDER].window.window + 1)
+        late = await post(client, "msg_1", body, clock)
+    assert "idempotent-replayed" not in late.headers  # expired in the cache as in the ledger
+    assert recorder.calls["msg_1"] == 2
+    assert recorder2.calls["msg_1"] == 1
+
+
+async def test_failed_receipts_are_not_cached(app, store: Store, clock: Clock) -> None:  # type: ignore[no-untyped-def]
+    client, _ = app
+    await post(client, "msg_1", b"not json", clock)
+    await forget(store, "msg_1")
+    again = await post(client, "msg_1", b"not json", clock)
+    assert again.status_code == 400
+    assert "idempotent-replayed" not in again.headers  # recorded anew, not from memory

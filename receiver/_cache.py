@@ -1,0 +1,53 @@
+"""A bounded per-process cache of completed receipts, so that replays cost no round trip.
+
+A completed receipt never changes until it expires (DESIGN.md, "Where the time goes"): the
+stored answer is the truth for its whole window. So each process may keep the ones it has seen
+and answer redeliveries (and same-id mismatches) from memory. Only completed receipts are kept:
+a failed one can be reopened by an operator's replay. Large answers are not kept, and the least
+recently used entry goes first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from ._ledger import Key, StoredResponse
+
+
+@dataclass(frozen=True, slots=True)
+class Cached:
+    payload_hash: bytes
+    response: StoredResponse
+    expires_at: float
+
+
+class ReplayCache:
+    def __init__(self, size: int = 10_000, *, max_body: int = 64 * 1024) -> None:
+        self.size = size
+        self.max_body = max_body
+        self._entries: OrderedDict[Key, Cached] = OrderedDict()
+
+    def get(self, key: Key, now: float) -> Cached | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if entry.expires_at <= now:
+            # Expired: the ledger forgets it too, and a redelivery is a new event.
+            del self._entries[key]
+            return None
+        self._entries.move_to_end(key)
+        return entry
+
+    def put(
+        self, key: Key, payload_hash: bytes, response: StoredResponse, expires_at: float
+    ) -> None:
+        if len(response.body) > self.max_body:
+            return
+        self._entries[key] = Cached(payload_hash, response, expires_at)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
