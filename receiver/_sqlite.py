@@ -60,8 +60,8 @@ class SQLiteConnection(Connection):
 
     async def _fetch(self, query: str, *args: Any) -> list[Row]:
         with _translated():
-            async with self._conn.execute(_PLACEHOLDER.sub(r"?\1", query), args) as cursor:
-                rows = await cursor.fetchall()
+            # One hop to aiosqlite's thread (execute, fetch and close the cursor there).
+            rows = await self._conn.execute_fetchall(_PLACEHOLDER.sub(r"?\1", query), args)
         return [dict(zip(row.keys(), tuple(row), strict=True)) for row in rows]
 
     @contextlib.asynccontextmanager
