@@ -31,7 +31,7 @@ CREATE INDEX IF NOT EXISTS receiver_receipts_in_flight
 
 -- Key drift (the metrics): is this payload already here under another webhook-id?
 CREATE INDEX IF NOT EXISTS receiver_receipts_payload_hash
-    ON receiver_receipts (provider, payload_hash);
+    ON receiver_receipts (payload_hash, provider);
 
 CREATE TABLE IF NOT EXISTS receiver_attempts (
     provider   TEXT    NOT NULL,
