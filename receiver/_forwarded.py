@@ -56,8 +56,8 @@ class TrustedProxies:
     def client(self, peer: str | None, headers: Headers) -> str | None:
         """The client address of a request whose TCP peer is ``peer``. Never raises: a header
         that is not an address is evidence of nothing."""
-        if peer is None:
-            return None
+        if peer is None or not self.networks:
+            return peer  # nobody trusted (the default): the TCP peer is the client, as given
         reached = parse(peer)
         if reached is None:
             return peer  # not an IP peer (a Unix socket, say): nothing to check it against

@@ -187,7 +187,7 @@ GROUP BY provider, state;
 
 -- name: key_drift
 -- Key drift: the same payload already received under another webhook-id, still in its window
--- (a sender that regenerates ids on retry defeats dedup). Uses the (provider, payload_hash) index.
+-- (a sender that regenerates ids on retry defeats dedup). Uses the (payload_hash, provider) index.
 SELECT 1 AS found
 FROM receiver_receipts
 WHERE provider = $1 AND payload_hash = $2 AND webhook_id <> $3 AND expires_at > to_timestamp($4)

@@ -155,9 +155,10 @@ GROUP BY provider, state;
 
 -- name: key_drift
 -- Key drift: the same payload already received under another webhook-id, still in its window
--- (a sender that regenerates ids on retry defeats dedup). Uses the (provider, payload_hash) index.
+-- (a sender that regenerates ids on retry defeats dedup). Without statistics SQLite would walk
+-- the primary key by provider (every receipt of the provider), so the index is named.
 SELECT 1 AS found
-FROM receiver_receipts
+FROM receiver_receipts INDEXED BY receiver_receipts_payload_hash
 WHERE provider = ?1 AND payload_hash = ?2 AND webhook_id <> ?3 AND expires_at > ?4
 LIMIT 1;
 

@@ -1,0 +1,86 @@
+"""The receiver as the benchmark serves it: ``uvicorn benchmarks.app:app``, configured by the
+runner through the environment:
+
+    BENCH_STORE        store URL (postgresql://... or sqlite:///...)
+    BENCH_SECRET       the provider's whsec_ secret
+    BENCH_HANDLER      "noop" (default) or "insert" (one business row through tx)
+    BENCH_INVOCATIONS  directory where each process appends one line per handler invocation
+    BENCH_LOG          optional file for the receiver's log at INFO (one JSON line per delivery);
+                       without it the receiver's INFO lines are disabled, as under uvicorn's
+                       --log-level warning with no logging configuration of the application
+
+The Receiver is served alone, as ``uvicorn module:rx`` would, with the library's defaults
+(timestamp tolerance 5 minutes, pool of 10, sweeper every 60 s).
+
+The handler answers ``{"id": <webhook-id>}``: the stored answer then names its delivery, so the
+runner can match every 2xx that wrk saw (first answers and replays alike) to a receipt. Each
+invocation is counted with one ``write(2)`` to a per-process file opened once, outside the
+transaction: a true count of executions, committed or not, that costs about a microsecond and
+does not grow the server's memory over a soak.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from receiver import Connection, Event, Provider, Receiver
+
+from .business import EVENT_TYPE, INSERT, PROVIDER
+
+
+class Invocations:
+    """Appends ``<webhook-id> <fence>`` per handler invocation to ``<directory>/<pid>.log``."""
+
+    def __init__(self, directory: str | None) -> None:
+        self._directory = directory
+        self._fd: int | None = None
+        self._pid = 0
+
+    def __call__(self, event: Event) -> None:
+        if self._directory is None:
+            return
+        pid = os.getpid()
+        if self._fd is None or pid != self._pid:  # opened lazily, once per worker process
+            path = os.path.join(self._directory, f"{pid}.log")
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._pid = pid
+        os.write(self._fd, f"{event.id} {event.fence}\n".encode())
+
+
+def build(store: str, secret: str, handler: str, invocations: str | None) -> Receiver:
+    if handler not in ("noop", "insert"):
+        raise ValueError(f"BENCH_HANDLER must be noop or insert, not {handler!r}")
+    count = Invocations(invocations)
+    rx = Receiver(store, [Provider(PROVIDER, [secret])])
+
+    async def noop(event: Event, tx: Connection) -> Any:
+        count(event)
+        return {"id": event.id}
+
+    async def insert(event: Event, tx: Connection) -> Any:
+        count(event)
+        await tx.execute(INSERT, event.id, event.fence, event.payload["data"]["amount_cents"])
+        return {"id": event.id}
+
+    rx.add_handler(EVENT_TYPE, noop if handler == "noop" else insert)
+    return rx
+
+
+if os.environ.get("BENCH_LOG"):
+    # The library's structured formatter where it has one: the realistic cost of a log line.
+    import receiver
+
+    _handler = logging.FileHandler(os.environ["BENCH_LOG"])
+    _formatter = getattr(receiver, "JSONFormatter", logging.Formatter)
+    _handler.setFormatter(_formatter())
+    logging.getLogger("receiver").addHandler(_handler)
+    logging.getLogger("receiver").setLevel(logging.INFO)
+
+app = build(
+    os.environ["BENCH_STORE"],
+    os.environ["BENCH_SECRET"],
+    os.environ.get("BENCH_HANDLER", "noop"),
+    os.environ.get("BENCH_INVOCATIONS"),
+)
