@@ -4,9 +4,12 @@ handler writes a business row through ``tx`` and counts its own invocations."""
 from __future__ import annotations
 
 import collections
+import re
+import sqlite3
 import time
 from typing import Any
 
+import asyncpg
 import orjson
 from starlette.responses import Response
 
@@ -145,3 +148,18 @@ async def effects(store: Store, webhook_id: str | None = None) -> int:
 async def receipt_count(store: Store) -> int:
     async with store.acquire() as conn:
         return int(await conn.fetchval("SELECT count(*) FROM receiver_receipts"))
+
+
+async def query(url: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    """Rows from the store, read directly (``$n`` placeholders on both dialects)."""
+    if url.startswith("sqlite"):
+        db = sqlite3.connect(url.removeprefix("sqlite:///"), timeout=10)
+        try:
+            return [tuple(r) for r in db.execute(re.sub(r"\$(\d+)", r"?\1", sql), args)]
+        finally:
+            db.close()
+    conn = await asyncpg.connect(url, timeout=10)
+    try:
+        return [tuple(r) for r in await conn.fetch(sql, *args)]
+    finally:
+        await conn.close()

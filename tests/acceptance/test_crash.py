@@ -20,10 +20,7 @@ Every case runs on PostgreSQL and on a SQLite file. The test app (tests/apps/ser
 
 from __future__ import annotations
 
-import asyncio
-import re
 import signal
-import sqlite3
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -31,14 +28,12 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
 import orjson
 import pytest
 
-from tests.conftest import truncate
 from tests.servers import Server, start_server
-from tests.support import PROVIDER, SECRET, body_of, signed
+from tests.support import PROVIDER, SECRET, body_of, query, signed
 
 pytestmark = pytest.mark.slow
 
@@ -50,31 +45,6 @@ Headers = dict[str, str]
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-@pytest.fixture(params=["postgresql", "sqlite"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """The store the server processes share: the test database (emptied), or a SQLite file."""
-    if request.param == "postgresql":
-        url: str = request.getfixturevalue("pg_url")
-        asyncio.run(truncate(url))
-        return url
-    return f"sqlite:///{tmp_path}/r.db"
-
-
-async def query(url: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    """Rows from the store, read directly (``$n`` placeholders on both dialects)."""
-    if url.startswith("sqlite"):
-        db = sqlite3.connect(url.removeprefix("sqlite:///"), timeout=10)
-        try:
-            return [tuple(r) for r in db.execute(re.sub(r"\$(\d+)", r"?\1", sql), args)]
-        finally:
-            db.close()
-    conn = await asyncpg.connect(url, timeout=10)
-    try:
-        return [tuple(r) for r in await conn.fetch(sql, *args)]
-    finally:
-        await conn.close()
 
 
 async def receipt(url: str, webhook_id: str) -> dict[str, Any]:

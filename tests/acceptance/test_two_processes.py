@@ -11,49 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import re
-import sqlite3
 from pathlib import Path
-from typing import Any
 
-import asyncpg
 import httpx
 import orjson
 import pytest
 
-from tests.conftest import truncate
 from tests.servers import Server, running
-from tests.support import PROVIDER, SECRET, body_of, signed
+from tests.support import PROVIDER, SECRET, body_of, query, signed
 
 pytestmark = pytest.mark.slow
 
 DELIVERIES = 200
 CONCURRENCY = 20  # ids in flight at once
-
-
-@pytest.fixture(params=["postgresql", "sqlite"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """The store both processes share: the test database (emptied), or a SQLite file."""
-    if request.param == "postgresql":
-        url: str = request.getfixturevalue("pg_url")
-        asyncio.run(truncate(url))
-        return url
-    return f"sqlite:///{tmp_path}/r.db"
-
-
-async def query(url: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    """Rows from the store, read directly (``$n`` placeholders on both dialects)."""
-    if url.startswith("sqlite"):
-        db = sqlite3.connect(url.removeprefix("sqlite:///"), timeout=10)
-        try:
-            return [tuple(r) for r in db.execute(re.sub(r"\$(\d+)", r"?\1", sql), args)]
-        finally:
-            db.close()
-    conn = await asyncpg.connect(url, timeout=10)
-    try:
-        return [tuple(r) for r in await conn.fetch(sql, *args)]
-    finally:
-        await conn.close()
 
 
 def is_replay(answer: httpx.Response) -> bool:
