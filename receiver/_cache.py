@@ -17,9 +17,12 @@ from ._ledger import Key, StoredResponse
 
 @dataclass(frozen=True, slots=True)
 class Cached:
-    payload_hash: bytes
+    payload_hash: bytes  # of the normalized payload, as in the ledger
     response: StoredResponse
     expires_at: float
+    #: sha256 of the exact body this process saw: a byte-identical redelivery (the usual case)
+    #: is recognised before the body is parsed at all.
+    body_hash: bytes = b""
 
 
 class ReplayCache:
@@ -40,11 +43,16 @@ class ReplayCache:
         return entry
 
     def put(
-        self, key: Key, payload_hash: bytes, response: StoredResponse, expires_at: float
+        self,
+        key: Key,
+        payload_hash: bytes,
+        response: StoredResponse,
+        expires_at: float,
+        body_hash: bytes = b"",
     ) -> None:
         if len(response.body) > self.max_body:
             return
-        self._entries[key] = Cached(payload_hash, response, expires_at)
+        self._entries[key] = Cached(payload_hash, response, expires_at, body_hash)
         self._entries.move_to_end(key)
         while len(self._entries) > self.size:
             self._entries.popitem(last=False)

@@ -174,6 +174,13 @@ class Pipeline:
             )
             self._report(provider.name, None, None, reply, started, headers)
             return reply
+        if self.cache is not None:
+            # The usual redelivery is byte-identical: answer it before parsing anything.
+            hit = self.cache.get(Key(provider.name, verified.webhook_id), now)
+            if hit is not None and hit.body_hash == hashlib.sha256(body).digest():
+                reply = Reply(replay(hit.response, replayed=True), Outcome.REPLAYED)
+                self._report(provider.name, verified.webhook_id, None, reply, started, headers)
+                return reply
         job = self._prepare(
             provider,
             verified.webhook_id,
@@ -339,7 +346,7 @@ class Pipeline:
             if decision is Decision.REPLAY:
                 assert receipt.response is not None
                 if receipt.state is State.COMPLETED:
-                    self._remember(key, receipt.payload_hash, receipt.response, receipt.expires_at)
+                    self._remember(job, receipt.response, receipt.expires_at)
                 return Reply(replay(receipt.response, replayed=True), Outcome.REPLAYED)
             if decision is Decision.MISMATCH:
                 return self._mismatch(key)
@@ -369,11 +376,12 @@ class Pipeline:
         )
         return Reply(response, Outcome.MISMATCH)
 
-    def _remember(
-        self, key: Key, payload_hash: bytes, response: StoredResponse, expires_at: float
-    ) -> None:
+    def _remember(self, job: _Job, response: StoredResponse, expires_at: float) -> None:
+        """Keep a completed receipt for replays by this process."""
         if self.cache is not None:
-            self.cache.put(key, payload_hash, response, expires_at)
+            claim = job.claim
+            body_hash = hashlib.sha256(claim.body).digest()
+            self.cache.put(claim.key, claim.payload_hash, response, expires_at, body_hash)
 
     def _in_flight(self, receipt: Receipt, now: float) -> Reply:
         wait = max(1, math.ceil(receipt.lease_until - now))
@@ -409,7 +417,7 @@ class Pipeline:
         claim = job.claim
         if not handlers and answer is None:
             await ledger.complete(conn, key, fence, IGNORED, self.clock())
-            self._remember(key, claim.payload_hash, IGNORED, claim.now + claim.window)
+            self._remember(job, IGNORED, claim.now + claim.window)
             return Reply(replay(IGNORED, replayed=False), Outcome.IGNORED, fence)
         event = _with_fence(job.event, fence, self._extender(conn, key, fence))
         finished = False
@@ -436,7 +444,7 @@ class Pipeline:
             raise
         except Exception as exc:
             return await self._failed(conn, key, fence, exc)
-        self._remember(key, claim.payload_hash, stored, claim.now + claim.window)
+        self._remember(job, stored, claim.now + claim.window)
         outcome = Outcome.EXECUTED if answer is None else Outcome.RECONCILED
         return Reply(replay(stored, replayed=False), outcome, fence)
 

@@ -88,9 +88,6 @@ SET lease_until = ?4
 WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
 RETURNING fence;
 
--- name: count_by_state
-SELECT state, count(*) AS n FROM receiver_receipts GROUP BY state;
-
 -- name: schema_ready
 SELECT count(*) AS n FROM receiver_receipts WHERE false;
 
@@ -126,11 +123,6 @@ WHERE (provider, webhook_id, fence) IN (
     LIMIT ?1
 )
 RETURNING fence;
-
--- name: oldest_in_flight
-SELECT min(claimed_at) AS claimed_at
-FROM receiver_receipts
-WHERE state = 'in_flight';
 
 -- name: list_failed
 SELECT provider, webhook_id, state, fence, event_type, attempts, last_error,

@@ -604,3 +604,16 @@ async def test_failed_receipts_are_not_cached(app, store: Store, clock: Clock) -
     again = await post(client, "msg_1", b"not json", clock)
     assert again.status_code == 400
     assert "idempotent-replayed" not in again.headers  # recorded anew, not from memory
+
+
+async def test_the_replay_cache_matches_reserialized_payloads_too(
+    store: Store, clock: Clock
+) -> None:
+    rx, recorder = make_receiver(store, clock=clock)
+    async with await open_client(rx) as client:
+        first = await post(client, "msg_1", b'{"type": "order.created", "data": {"a": 1}}', clock)
+        await forget(store, "msg_1")
+        same = await post(client, "msg_1", b'{"data":{"a":1},"type":"order.created"}', clock)
+    assert same_answer(first, same)
+    assert same.headers["idempotent-replayed"] == "true"
+    assert recorder.calls["msg_1"] == 1
