@@ -174,13 +174,14 @@ class Pipeline:
             )
             self._report(provider.name, None, None, reply, started, headers)
             return reply
-        if self.cache is not None:
-            # The usual redelivery is byte-identical: answer it before parsing anything.
-            hit = self.cache.get(Key(provider.name, verified.webhook_id), now)
-            if hit is not None and hit.body_hash == hashlib.sha256(body).digest():
-                reply = Reply(replay(hit.response, replayed=True), Outcome.REPLAYED)
-                self._report(provider.name, verified.webhook_id, None, reply, started, headers)
-                return reply
+        # A completed receipt this process has seen is answered without a round trip, and the
+        # usual redelivery, byte-identical, before its body is even parsed.
+        key = Key(provider.name, verified.webhook_id)
+        hit = None if self.cache is None else self.cache.get(key, now)
+        if hit is not None and hit.body_hash == hashlib.sha256(body).digest():
+            reply = Reply(replay(hit.response, replayed=True), Outcome.REPLAYED)
+            self._report(provider.name, key.webhook_id, None, reply, started, headers)
+            return reply
         job = self._prepare(
             provider,
             verified.webhook_id,
@@ -191,41 +192,37 @@ class Pipeline:
             timestamp=verified.timestamp,
             client=client,
         )
-        cached = None if self.cache is None else self.cache.get(job.claim.key, now)
-        if cached is not None:
-            # A completed receipt seen before by this process: answered without a round trip.
-            if cached.payload_hash == job.claim.payload_hash:
-                reply = Reply(replay(cached.response, replayed=True), Outcome.REPLAYED)
-            else:
-                reply = self._mismatch(job.claim.key)
+        if hit is not None and hit.payload_hash == job.claim.payload_hash:
+            reply = Reply(replay(hit.response, replayed=True), Outcome.REPLAYED)
+        elif hit is not None:
+            reply = self._mismatch(key)
         else:
             try:
                 async with self.store.acquire() as conn:
                     reply = await self._claim_and_run(conn, job)
             except StoreUnavailable as exc:
                 reply = self._unavailable(exc)
-        self._report(
-            provider.name, job.claim.key.webhook_id, job.parsed.event_type, reply, started, headers
-        )
-        if self.metrics is not None and job.drift:
-            self.metrics.drifted(provider.name, job.claim.key.webhook_id)
-        elif (
-            self.metrics is not None
-            and job.drift is None
-            and reply.fence == 1
-            and (reply.outcome in _FRESH)
-        ):
-            # A store whose claim does not check key drift itself (SQLite): check fresh claims
-            # after the answer is sent.
+        self._report(provider.name, key.webhook_id, job.parsed.event_type, reply, started, headers)
+        self._check_drift(job, reply)
+        return reply
+
+    def _check_drift(self, job: _Job, reply: Reply) -> None:
+        """Key drift of a fresh claim: known from PostgreSQL's claim statement; for a store
+        whose claim cannot tell (SQLite), checked after the answer is sent."""
+        if self.metrics is None:
+            return
+        key = job.claim.key
+        if job.drift:
+            self.metrics.drifted(key.provider, key.webhook_id)
+        elif job.drift is None and reply.fence == 1 and reply.outcome in _FRESH:
             reply.response.background = BackgroundTask(
                 self.metrics.check_drift,
                 self.store,
-                provider.name,
-                job.claim.key.webhook_id,
+                key.provider,
+                key.webhook_id,
                 job.parsed.payload_hash,
-                now,
+                job.claim.now,
             )
-        return reply
 
     def refused(self, provider: str, headers: Headers, response: Response, check: str) -> Reply:
         """Report a delivery refused before verification (too large, unreadable)."""
