@@ -8,6 +8,7 @@ the :class:`Outcome` that metrics and logs report.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import enum
 import hashlib
@@ -246,27 +247,14 @@ class Pipeline:
                 provider, reply.outcome.value, reply.detail, time.perf_counter() - started
             )
 
-    async def rerun(self, provider: Provider, receipt: Receipt) -> Reply | None:
-        """Run a stored delivery's handlers again under the next fence (a dead-letter replay of
-        a released, lease-expired or reopened receipt), external ones included: the operator
-        asked. None if another attempt took the receipt over first."""
-        job = self._prepare(
-            provider,
-            receipt.key.webhook_id,
-            receipt.request_body or b"",
-            receipt.event_type,
-            self.clock(),
-        )
-        async with self.store.acquire() as conn:
-            fence = await ledger.reclaim(conn, job.claim, receipt.fence)
-            if fence is None:
-                return None
-            return await self._run(conn, job, fence)
-
-    async def recover(self, provider: Provider, receipt: Receipt) -> Reply | None:
-        """Recover a stale in-flight receipt nobody redelivers (the sweeper's work), exactly as
-        a redelivery would: run transactional handlers again under the next fence, reconcile
-        external ones. None if another attempt took the receipt over first."""
+    async def recover(
+        self, provider: Provider, receipt: Receipt, *, reconcile: bool = True
+    ) -> Reply | None:
+        """Run a stored delivery again under the next fence, as a redelivery would: the
+        sweeper's recovery of a stale in-flight receipt (external handlers are reconciled,
+        never re-run blindly), or with ``reconcile=False`` an operator's dead-letter replay of a
+        released, lease-expired or reopened receipt (external handlers run again too: the
+        operator asked). None if another attempt took the receipt over first."""
         # The body is kept until completion, and the type as claimed (from the body or, for
         # GitHub-like schemes, from a header), so the job is rebuilt exactly; only the headers
         # of the original request are not kept.
@@ -278,7 +266,7 @@ class Pipeline:
             self.clock(),
         )
         async with self.store.acquire() as conn:
-            if _external(job.handlers):
+            if reconcile and _external(job.handlers):
                 return await self._recover_external(conn, job, receipt)
             fence = await ledger.reclaim(conn, job.claim, receipt.fence)
             if fence is None:
@@ -583,18 +571,7 @@ def _datetime(timestamp: int | None) -> dt.datetime | None:
 
 
 def _with_fence(event: Event, fence: int, extend: Callable[[float], Any]) -> Event:
-    return Event(
-        provider=event.provider,
-        id=event.id,
-        type=event.type,
-        payload=event.payload,
-        body=event.body,
-        headers=event.headers,
-        timestamp=event.timestamp,
-        fence=fence,
-        client=event.client,
-        _extend=extend,
-    )
+    return dataclasses.replace(event, fence=fence, _extend=extend)
 
 
 def _final(stored: StoredResponse, key: Key) -> StoredResponse:

@@ -55,7 +55,7 @@ async def replay(rx: Receiver, provider_name: str, webhook_id: str) -> Reply:
             if reopened is None:
                 raise ReplayRefused(f"{_name(key)} changed while being reopened: look again")
             receipt = dataclasses.replace(receipt, state=State.RELEASED)
-    reply = await rx.pipeline.rerun(provider, receipt)
+    reply = await rx.pipeline.recover(provider, receipt, reconcile=False)
     if reply is None:
         raise ReplayRefused(
             f"{_name(key)} was taken over by another attempt (a redelivery or the sweeper) "
