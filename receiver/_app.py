@@ -162,6 +162,15 @@ class Receiver:
                 f"handler {func.__qualname__} names unknown provider {provider!r}; "
                 f"configured: {sorted(self.providers)}"
             )
+        if lease is not None:
+            for p in self.providers.values():
+                if (provider is None or p.name == provider) and p.window.window < lease:
+                    raise ConfigurationError(
+                        f"handler {func.__qualname__}: its lease ({lease:g} s) outlasts the dedup "
+                        f"window of provider {p.name!r} ({p.window.window:g} s); a receipt must "
+                        "not expire while an attempt still holds it: lower the lease or raise "
+                        "the provider's ttl"
+                    )
         return self.registry.add(
             event_type, func, provider=provider, effects=effects, reconcile=reconcile, lease=lease
         )
@@ -235,7 +244,7 @@ class Receiver:
 
     async def sweep(self, *, batch: int = 100) -> SweepReport:
         """One sweeper pass: recover or fail stale in-flight receipts, delete expired ones."""
-        now = self.clock()
+        now = self.store.now()
         report = await sweep(self.store, self.pipeline, self.providers, now=now, batch=batch)
         if self.metrics is not None:
             await self.metrics.refresh(self.store, self.clock(), counts=True)

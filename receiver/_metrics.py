@@ -242,7 +242,12 @@ class Metrics:
         self.stale_leases.labels(provider, result).inc()
 
     async def check_drift(
-        self, store: Store, provider: str, webhook_id: str, payload_hash: bytes, now: float
+        self,
+        store: Store,
+        provider: str,
+        webhook_id: str,
+        payload_hash: bytes,
+        now: float | None,
     ) -> None:
         """Key drift: count a freshly claimed delivery whose payload is already in the ledger
         under another webhook-id (one indexed lookup, run after the answer is sent)."""

@@ -47,9 +47,9 @@ async def replay(rx: Receiver, provider_name: str, webhook_id: str) -> Reply:
             f"(configured: {', '.join(sorted(rx.providers)) or 'none'})"
         )
     key = Key(provider_name, webhook_id)
-    now = rx.clock()
+    now = rx.store.now()
     async with rx.store.acquire() as conn:
-        receipt = _replayable(key, await ledger.lookup(conn, key), now)
+        receipt = _replayable(key, await ledger.lookup(conn, key, now))
         if receipt.state is State.FAILED:
             reopened = await conn.run("reopen", key.provider, key.webhook_id, receipt.fence, now)
             if reopened is None:
@@ -78,7 +78,7 @@ async def replay(rx: Receiver, provider_name: str, webhook_id: str) -> Reply:
     return reply
 
 
-def _replayable(key: Key, receipt: Receipt | None, now: float) -> Receipt:
+def _replayable(key: Key, receipt: Receipt | None) -> Receipt:
     if receipt is None:
         raise ReplayRefused(f"no receipt for {_name(key)}: never received, or expired and deleted")
     if receipt.state is State.COMPLETED:
@@ -88,6 +88,7 @@ def _replayable(key: Key, receipt: Receipt | None, now: float) -> Receipt:
             f"(HTTP {status}) is replayed to every redelivery; completed receipts are never "
             "run again"
         )
+    now = receipt.now
     if receipt.state is State.IN_FLIGHT and receipt.lease_until > now:
         raise ReplayRefused(
             f"{_name(key)} is in flight: the attempt with fence {receipt.fence} holds its lease "

@@ -33,6 +33,7 @@ from tests.support import (
     Clock,
     body_of,
     effects,
+    ledger_clock,
     make_receiver,
     receipt_count,
     signed,
@@ -291,7 +292,9 @@ async def test_receipt_expiry_is_claimed_at_plus_window(app, store: Store, clock
 async def test_late_worker_is_fenced_out(pg_store: PostgresStore, clock: Clock) -> None:
     """A handler outlives its lease; a redelivery takes over and completes; the late worker's
     transaction rolls back, so its business write vanishes."""
-    rx = Receiver(pg_store, [Provider(PROVIDER, [SECRET], lease=10)], clock=clock)
+    rx = Receiver(
+        ledger_clock(pg_store, clock), [Provider(PROVIDER, [SECRET], lease=10)], clock=clock
+    )
     entered, release = asyncio.Event(), asyncio.Event()
 
     @rx.on("order.created")
@@ -379,7 +382,7 @@ async def test_store_unavailable_is_503_and_runs_nothing(tmp_path, clock: Clock,
         if kind == "postgresql"
         else SQLiteStore(tmp_path / "missing-dir" / "receipts.db")
     )
-    rx = Receiver(store, [Provider(PROVIDER, [SECRET])], clock=clock)
+    rx = Receiver(ledger_clock(store, clock), [Provider(PROVIDER, [SECRET])], clock=clock)
     ran = []
 
     @rx.on("*")
@@ -400,7 +403,7 @@ async def test_store_unavailable_is_503_and_runs_nothing(tmp_path, clock: Clock,
 
 
 async def test_handlers_run_in_order_in_one_transaction(store: Store, clock: Clock) -> None:
-    rx = Receiver(store, [Provider(PROVIDER, [SECRET])], clock=clock)
+    rx = Receiver(ledger_clock(store, clock), [Provider(PROVIDER, [SECRET])], clock=clock)
     order: list[str] = []
 
     async def write(tx: Connection, event: Event, note: str) -> None:
@@ -498,7 +501,7 @@ async def test_mounted_into_a_starlette_app(store: Store, clock: Clock) -> None:
 
 async def test_raw_needs_the_transaction_begun(store: Store, clock: Clock) -> None:
     """tx.raw inside a handler must not let writes escape the receipt's transaction."""
-    rx = Receiver(store, [Provider(PROVIDER, [SECRET])], clock=clock)
+    rx = Receiver(ledger_clock(store, clock), [Provider(PROVIDER, [SECRET])], clock=clock)
     seen: list[str] = []
 
     @rx.on_startup
@@ -542,7 +545,7 @@ async def test_raw_needs_the_transaction_begun(store: Store, clock: Clock) -> No
 async def test_a_handler_that_never_uses_tx_still_completes_under_its_fence(
     store: Store, clock: Clock
 ) -> None:
-    rx = Receiver(store, [Provider(PROVIDER, [SECRET])], clock=clock)
+    rx = Receiver(ledger_clock(store, clock), [Provider(PROVIDER, [SECRET])], clock=clock)
 
     @rx.on("ping")
     async def ping(event: Event, tx: Connection) -> dict[str, int]:
