@@ -57,5 +57,9 @@ class ReplayCache:
         while len(self._entries) > self.size:
             self._entries.popitem(last=False)
 
+    def clear(self) -> None:
+        """Forget every entry (the ledger still has them)."""
+        self._entries.clear()
+
     def __len__(self) -> int:
         return len(self._entries)

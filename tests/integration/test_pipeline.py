@@ -620,3 +620,60 @@ async def test_the_replay_cache_matches_reserialized_payloads_too(
     assert same_answer(first, same)
     assert same.headers["idempotent-replayed"] == "true"
     assert recorder.calls["msg_1"] == 1
+
+
+# -- headers a handler sets (issue 14, item 16) -----------------------------------------------
+
+
+async def test_a_handlers_headers_reach_the_sender_and_are_replayed(
+    store: Store, clock: Clock
+) -> None:
+    rx = Receiver(ledger_clock(store, clock), [Provider(PROVIDER, [SECRET])], clock=clock)
+
+    @rx.on("order.created")
+    async def created(event: Event, tx: Connection) -> Response:
+        return Response(
+            b"created",
+            201,
+            headers={"Location": "/orders/o-1", "X-Order-Id": "o-1"},
+            media_type="text/plain; charset=utf-8",
+        )
+
+    body = body_of()
+    async with await open_client(rx) as client:
+        first = await post(client, "msg_1", body, clock)
+        forget_cache(rx)
+        again = await post(client, "msg_1", body, clock)
+    for answer in (first, again):
+        assert answer.status_code == 201
+        assert answer.content == b"created"
+        assert answer.headers["location"] == "/orders/o-1"
+        assert answer.headers["x-order-id"] == "o-1"
+        assert answer.headers["content-type"] == "text/plain; charset=utf-8"
+    assert again.headers["idempotent-replayed"] == "true"
+    assert [(k, v) for k, v in first.headers.items() if k != "idempotent-replayed"] == [
+        (k, v) for k, v in again.headers.items() if k != "idempotent-replayed"
+    ]
+
+
+async def test_a_429_keeps_its_retry_after_and_no_invented_content_type(
+    store: Store, clock: Clock
+) -> None:
+    rx = Receiver(ledger_clock(store, clock), [Provider(PROVIDER, [SECRET])], clock=clock)
+
+    @rx.on("order.created")
+    async def busy(event: Event, tx: Connection) -> Response:
+        return Response("slow down", 429, headers={"Retry-After": "30"})
+
+    async with await open_client(rx) as client:
+        answer = await post(client, "msg_1", body_of(), clock)
+    assert answer.status_code == 429
+    assert answer.headers["retry-after"] == "30"
+    assert "content-type" not in answer.headers
+    assert answer.content == b"slow down"
+
+
+def forget_cache(rx: Receiver) -> None:
+    """Drop the process's replay cache, so the next replay comes from the ledger."""
+    if rx.pipeline.cache is not None:
+        rx.pipeline.cache.clear()
