@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
+from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
@@ -31,6 +32,7 @@ from ._replay import replay
 from ._responses import error
 from ._store import Connection, Store, store_from_url
 from ._sweeper import SweepReport, sweep, sweep_forever
+from ._tracing import Tracing
 
 F = TypeVar("F", bound=HandlerFunc)
 StartupHook = Callable[[Connection], Awaitable[None]]
@@ -86,6 +88,7 @@ class Receiver:
         registry: CollectorRegistry | None = None,
         health: bool = True,
         replay_cache: int = 10_000,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         self.store: Store = store_from_url(store) if isinstance(store, str) else store
         if max_body_size <= 0:
@@ -123,6 +126,9 @@ class Receiver:
             # Completed receipts this process has seen, replayed without a round trip.
             cache=ReplayCache(replay_cache) if replay_cache else None,
         )
+        # OpenTelemetry spans (receiver/_tracing.py): the global provider unless one is given;
+        # a no-op until an SDK is configured.
+        self.tracing = Tracing(tracer_provider)
         self._app = Starlette(
             routes=[*routes, Route("/{provider}", self._endpoint, methods=["POST"])],
             exception_handlers={HTTPException: self._http_error},
@@ -278,7 +284,7 @@ class Receiver:
         found = self.providers.get(provider)
         if found is None:
             return error(404, "unknown_provider", f"no provider named {provider!r}")
-        reply = await self.pipeline.deliver(found, Headers(headers=dict(headers)), body)
+        reply = await self._traced(found, Headers(headers=dict(headers)), body)
         if reply.response.background is not None:  # the key drift check: no HTTP to run it after
             await reply.response.background()
             reply.response.background = None
@@ -306,8 +312,20 @@ class Receiver:
             return self._refused(name, request, 499, "client_disconnected", detail)
         peer = request.client.host if request.client else None
         client = self.trusted_proxies.client(peer, request.headers)
-        reply = await self.pipeline.deliver(provider, request.headers, body, client)
+        reply = await self._traced(provider, request.headers, body, client)
         return reply.response
+
+    async def _traced(
+        self, provider: Provider, headers: Headers, body: bytes, client: str | None = None
+    ) -> Reply:
+        """``pipeline.deliver`` in a span of its own when an OpenTelemetry SDK is configured."""
+        tracer = self.tracing.tracer()
+        if tracer is None:
+            return await self.pipeline.deliver(provider, headers, body, client)
+        with self.tracing.delivery(tracer, provider.name, headers) as span:
+            reply = await self.pipeline.deliver(provider, headers, body, client)
+            span.finish(reply.outcome.value, reply.response.status_code, reply.fence, reply.detail)
+        return reply
 
     def _refused(
         self, name: str, request: Request, status: int, check: str, detail: str

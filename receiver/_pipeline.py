@@ -35,6 +35,7 @@ from ._metrics import Metrics
 from ._providers import Provider
 from ._responses import IGNORED, encode, error, replay, stored_error
 from ._store import Connection, Store
+from ._tracing import annotate, handler_span
 
 logger = logging.getLogger("receiver")
 
@@ -240,7 +241,8 @@ class Pipeline:
         started: float,
         headers: Headers,
     ) -> None:
-        """One log line and the metrics of one decision."""
+        """One log line, the metrics and the trace attributes of one decision."""
+        annotate(webhook_id, event_type)
         _log(provider, webhook_id, event_type, reply, started, headers)
         if self.metrics is not None:
             self.metrics.delivered(
@@ -439,7 +441,8 @@ class Pipeline:
         try:
             result: Any = None
             for handler in handlers:
-                returned = await handler.func(event, conn)
+                with handler_span(handler, event):
+                    returned = await handler.func(event, conn)
                 if returned is not None:
                     result = returned
             return result
