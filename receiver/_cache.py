@@ -1,6 +1,6 @@
 """A bounded per-process cache of completed receipts, so that replays cost no round trip.
 
-A completed receipt never changes until it expires (DESIGN.md, "Where the time goes"): the
+A completed receipt never changes until it expires (nothing but expiry touches it): the
 stored answer is the truth for its whole window. So each process may keep the ones it has seen
 and answer redeliveries (and same-id mismatches) from memory. Only completed receipts are kept:
 a failed one can be reopened by an operator's replay. Large answers are not kept, and the least

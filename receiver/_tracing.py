@@ -2,8 +2,9 @@
 
 Only the API package (``opentelemetry-api``) is a dependency. Until the application installs an
 SDK (``opentelemetry.trace.set_tracer_provider(TracerProvider(...))``) or hands the Receiver a
-``tracer_provider``, the API's provider is a no-op proxy: then a delivery costs one isinstance
-check here and one context-variable read per handler, and no span object is ever made.
+``tracer_provider``, the API's provider is a no-op proxy: then a delivery costs a clock read
+here, two context-variable reads in the pipeline, and no span object is ever made
+(``python -m benchmarks.tracing`` measures it).
 
 The delivery span continues the gateway's trace: Kong and most proxies send W3C
 ``traceparent`` (and ``tracestate``), extracted with the globally configured propagator (W3C
@@ -15,6 +16,7 @@ value or anything from the payload beyond its ``type``.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING
@@ -33,6 +35,9 @@ _NO_OP = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 # when tracing is off (or outside a delivery: the sweeper's and an operator's replays).
 _current: ContextVar[Tracer | None] = ContextVar("receiver_tracer", default=None)
 
+# Reusable: a fresh nullcontext per handler call costs twice as much.
+_UNTRACED = contextlib.nullcontext()
+
 # Outcomes that mean the delivery did not succeed on our side (the sender retries them).
 _ERRORS = frozenset({"handler_failed", "store_unavailable"})
 
@@ -43,13 +48,25 @@ class Tracing:
     def __init__(self, provider: TracerProvider | None = None) -> None:
         self._provider = provider
         self._tracer: tuple[TracerProvider, Tracer] | None = None
+        # When the global provider was last seen to be the no-op one (see tracer()).
+        self._idle_until = 0.0
 
     def tracer(self) -> Tracer | None:
-        """The tracer to use now, or None while no SDK is configured. Looked up per delivery,
-        since an application may install its SDK after building the Receiver."""
-        provider = self._provider or trace.get_tracer_provider()
-        if isinstance(provider, _NO_OP):
-            return None
+        """The tracer to use now, or None while no SDK is configured.
+
+        The global provider is looked up again at most once a second while it is the no-op
+        one: an application may install its SDK after building the Receiver, and the lookup
+        (an environment variable check in the API) costs more than the rest of this hook.
+        """
+        provider = self._provider
+        if provider is None:
+            now = time.monotonic()
+            if now < self._idle_until:
+                return None
+            provider = trace.get_tracer_provider()
+            if isinstance(provider, _NO_OP):
+                self._idle_until = now + 1.0
+                return None
         if self._tracer is None or self._tracer[0] is not provider:
             self._tracer = (provider, provider.get_tracer(_SCOPE))
         return self._tracer[1]
@@ -127,5 +144,5 @@ def handler_span(handler: Handler, event: Event) -> contextlib.AbstractContextMa
     recorded and sets the span's status to error); a null context otherwise."""
     tracer = _current.get()
     if tracer is None:
-        return contextlib.nullcontext()
+        return _UNTRACED
     return _handler_span(tracer, handler, event)

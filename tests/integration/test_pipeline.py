@@ -1,4 +1,4 @@
-"""The conformance suite: every behaviour of DESIGN.md steps 1-9, on SQLite and PostgreSQL."""
+"""The conformance suite: every answer of README.md "What the sender gets", on both stores."""
 
 from __future__ import annotations
 

@@ -5,6 +5,9 @@ its provider, webhook-id, outcome and fence, the handlers as children, the gatew
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,6 +21,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from receiver import Event, Receiver, Store
 from receiver._store import Connection
+from tests.servers import ROOT
 from tests.support import PROVIDER, SECRET, Clock, body_of, make_receiver, signed
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -188,3 +192,46 @@ async def test_without_an_sdk_no_span_is_made(sqlite_store: Store) -> None:
     async with rx:
         response = await post(rx, "msg_1", body_of(order="o-1"), traceparent=TRACEPARENT)
     assert response.status_code == 200
+
+
+GLOBAL_SDK = """
+import asyncio, time
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from receiver import SQLiteStore
+from tests.support import PROVIDER, body_of, make_receiver, signed
+
+async def main():
+    rx, _ = make_receiver(SQLiteStore({path!r}))
+    async with rx:
+        body = body_of(order="o-1")
+        await rx.deliver(PROVIDER, signed("msg_before", body), body)
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)   # after the Receiver was built and used
+        time.sleep(1.1)
+        await rx.deliver(PROVIDER, signed("msg_after", body), body)
+    print(sorted(str(dict(s.attributes)["webhook.id"]) for s in exporter.get_finished_spans()
+                 if s.name.startswith("webhook ")))
+
+asyncio.run(main())
+"""
+
+
+def test_a_global_sdk_installed_later_is_picked_up(tmp_path: Path) -> None:
+    """The usual setup: the application sets the global provider (here after the Receiver was
+    built, in a process of its own: the global provider can be set only once)."""
+    script = GLOBAL_SDK.format(path=str(tmp_path / "r.db"))
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['msg_after']"
