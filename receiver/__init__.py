@@ -32,7 +32,8 @@ from ._schemes import (
     sign_stripe,
 )
 from ._sqlite import SQLiteStore
-from ._store import Connection, Store, store_from_url
+from ._store import Connection, Store
+from ._store_url import store_from_url
 from ._verification import (
     StandardWebhooks,
     VerifiedDelivery,

@@ -30,7 +30,8 @@ from ._pipeline import Pipeline, Reply
 from ._providers import Provider
 from ._replay import replay
 from ._responses import error
-from ._store import Connection, Store, store_from_url
+from ._store import Connection, Store
+from ._store_url import store_from_url
 from ._sweeper import SweepReport, sweep, sweep_forever
 from ._tracing import Tracing
 
@@ -39,6 +40,7 @@ StartupHook = Callable[[Connection], Awaitable[None]]
 
 DEFAULT_STORE = "sqlite:///receiver.db"
 DEFAULT_MAX_BODY = 1024 * 1024
+_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"]
 
 
 class _TooLarge(Exception):
@@ -130,7 +132,9 @@ class Receiver:
         # a no-op until an SDK is configured.
         self.tracing = Tracing(tracer_provider)
         self._app = Starlette(
-            routes=[*routes, Route("/{provider}", self._endpoint, methods=["POST"])],
+            # Every method (Starlette's default for a function is GET only): an unknown provider
+            # is 404 whatever the method; _endpoint answers 405 to a known provider's others.
+            routes=[*routes, Route("/{provider}", self._endpoint, methods=_METHODS)],
             exception_handlers={HTTPException: self._http_error},
             lifespan=self.lifespan,
         )
@@ -294,6 +298,9 @@ class Receiver:
         provider = self.providers.get(request.path_params["provider"])
         if provider is None:
             return error(404, "unknown_provider", "no provider is configured at this path")
+        if request.method != "POST":
+            detail = f"webhooks are delivered with POST, not {request.method}"
+            return error(405, "method_not_allowed", detail, {"allow": "POST"})
         return await self._deliver_http(request, provider)
 
     async def _deliver_http(self, request: Request, provider: Provider) -> Response:

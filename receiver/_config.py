@@ -40,7 +40,8 @@ from ._forwarded import TrustedProxies
 from ._providers import _NAME, DEFAULT_TOLERANCE, Provider
 from ._schedules import DAY, DedupWindow, RetrySchedule, dedup_window, parse_duration
 from ._schemes import GitHub, Shopify, Slack, Stripe, _key
-from ._store import Store, store_from_url
+from ._store import Store
+from ._store_url import store_from_url
 from ._verification import StandardWebhooks, Verifier, _load_secret
 
 #: Schemes a provider table may name, and the schedule each uses when the table names none

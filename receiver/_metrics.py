@@ -259,7 +259,7 @@ class Metrics:
         """A fresh delivery's payload is already in the ledger under another webhook-id."""
         self.key_drift.labels(provider).inc()
         logger.warning(
-            "key drift: this payload was already received under another webhook-id",
+            "ALERT: key drift: this payload was already received under another webhook-id",
             extra={"provider": provider, "webhook_id": webhook_id},
         )
 

@@ -93,11 +93,14 @@ _NEEDS_REVIEW = StoredResponse(
 )
 
 
-class _Retryable(Exception):
-    """A handler answered 5xx (or 429): roll back and release, never store it as the truth."""
+class HandlerAnswered(Exception):
+    """A handler answered 5xx (or 429): roll back and release, never store it as the truth.
+    Its name and message are what ``receiver failed`` shows as the attempt's error."""
 
     def __init__(self, response: StoredResponse) -> None:
-        super().__init__(f"handler answered {response.status}")
+        super().__init__(
+            f"HTTP {response.status}, not stored: the claim was released for the sender's retry"
+        )
         self.response = response
 
 
@@ -480,10 +483,10 @@ class Pipeline:
         logger.error(
             "handler failed; claim released",
             extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
-            exc_info=not isinstance(exc, _Retryable),
+            exc_info=not isinstance(exc, HandlerAnswered),
         )
         await ledger.release(conn, key, fence, message, self.clock())
-        if isinstance(exc, _Retryable) and exc.response.status == 429:
+        if isinstance(exc, HandlerAnswered) and exc.response.status == 429:
             return Reply(replay(exc.response, replayed=False), Outcome.HANDLER_FAILED, fence)
         response = error(500, "handler_failed", "the handler failed; retry later")
         return Reply(response, Outcome.HANDLER_FAILED, fence)
@@ -580,7 +583,7 @@ def _with_fence(event: Event, fence: int, extend: Callable[[float], Any]) -> Eve
 def _final(stored: StoredResponse, key: Key) -> StoredResponse:
     """Apply the rules for what a handler may answer."""
     if stored.status >= 500 or stored.status == 429:
-        raise _Retryable(stored)
+        raise HandlerAnswered(stored)
     if stored.status == 410:
         # Standard Webhooks senders disable the endpoint on 410: never send it.
         logger.warning(
