@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
@@ -25,6 +24,7 @@ from ._exceptions import ConfigurationError
 from ._forwarded import TrustedProxies
 from ._handlers import Effects, Handler, HandlerFunc, ReconcileFunc, Registry
 from ._health import observability_routes, reserved_names
+from ._logging import get_logger
 from ._metrics import Metrics
 from ._pipeline import Pipeline, Reply
 from ._providers import Provider
@@ -259,7 +259,7 @@ class Receiver:
     def report_double_execution(self, event: Event, detail: str) -> None:
         """For a handler's own business check (say, its row for ``event.id`` already exists):
         count a double execution (evidence "reported") and log an alert."""
-        logging.getLogger("receiver").error(
+        get_logger("receiver").error(
             "ALERT: double execution reported: %s",
             detail,
             extra={"provider": event.provider, "webhook_id": event.id, "fence": event.fence},

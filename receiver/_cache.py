@@ -23,6 +23,8 @@ class Cached:
     #: sha256 of the exact body this process saw: a byte-identical redelivery (the usual case)
     #: is recognised before the body is parsed at all.
     body_hash: bytes = b""
+    #: For the log line of a replay from memory (the body is not parsed then).
+    event_type: str | None = None
 
 
 class ReplayCache:
@@ -49,10 +51,11 @@ class ReplayCache:
         response: StoredResponse,
         expires_at: float,
         body_hash: bytes = b"",
+        event_type: str | None = None,
     ) -> None:
         if len(response.body) > self.max_body:
             return
-        self._entries[key] = Cached(payload_hash, response, expires_at, body_hash)
+        self._entries[key] = Cached(payload_hash, response, expires_at, body_hash, event_type)
         self._entries.move_to_end(key)
         while len(self._entries) > self.size:
             self._entries.popitem(last=False)

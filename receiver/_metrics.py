@@ -15,16 +15,16 @@ after every sweeper pass (a count of the whole table is not free on a big one).
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ._logging import get_logger
 from ._store import Store
 
-logger = logging.getLogger("receiver.metrics")
+logger = get_logger("receiver.metrics")
 
 # Outcome values (receiver._pipeline.Outcome), repeated here so that every series of a provider
 # exists from the start at 0: an alert on increase() then sees the very first increment.

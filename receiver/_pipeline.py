@@ -31,13 +31,14 @@ from ._events import Event
 from ._exceptions import LeaseLost, StoreUnavailable, VerificationError
 from ._handlers import Handler, Registry
 from ._ledger import Claim, Decision, Key, Receipt, State, StoredResponse
+from ._logging import get_logger
 from ._metrics import Metrics
 from ._providers import Provider
 from ._responses import IGNORED, encode, error, replay, stored_error
 from ._store import Connection, Store
 from ._tracing import annotate, handler_span
 
-logger = logging.getLogger("receiver")
+logger = get_logger("receiver")
 
 # An event type is a routing key and a stored column: printable, bounded, no control characters
 # (PostgreSQL text cannot even hold NUL).
@@ -185,7 +186,7 @@ class Pipeline:
         hit = None if self.cache is None else self.cache.get(key, now)
         if hit is not None and hit.body_hash == hashlib.sha256(body).digest():
             reply = Reply(replay(hit.response, replayed=True), Outcome.REPLAYED)
-            self._report(provider.name, key.webhook_id, None, reply, started, headers)
+            self._report(provider.name, key.webhook_id, hit.event_type, reply, started, headers)
             return reply
         job = self._prepare(
             provider,
@@ -349,7 +350,12 @@ class Pipeline:
                 if decision is Decision.RECOVER:
                     logger.warning(
                         "lease expired; running again under a new fence",
-                        extra={"provider": key.provider, "webhook_id": key.webhook_id},
+                        extra={
+                            "provider": key.provider,
+                            "webhook_id": key.webhook_id,
+                            "event_type": claim.event_type,
+                            "fence": fence,
+                        },
                     )
                 return await self._run(conn, job, fence)
             # Another attempt reclaimed it between our lookup and our update: look again.
@@ -371,7 +377,9 @@ class Pipeline:
         if self.cache is not None:
             claim = job.claim
             body_hash = hashlib.sha256(claim.body).digest()
-            self.cache.put(claim.key, claim.payload_hash, response, expires_at, body_hash)
+            self.cache.put(
+                claim.key, claim.payload_hash, response, expires_at, body_hash, claim.event_type
+            )
 
     def _in_flight(self, receipt: Receipt, now: float) -> Reply:
         wait = max(1, math.ceil(receipt.lease_until - now))

@@ -19,19 +19,19 @@ replayed: its effects committed once, and its stored answer is what every redeli
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Protocol
 
 from . import _ledger as ledger
 from ._exceptions import ReceiverError
 from ._ledger import Key, Receipt, State
+from ._logging import get_logger
 from ._metrics import Metrics
 from ._pipeline import Pipeline, Reply
 from ._providers import Provider
 from ._store import Store
 
-logger = logging.getLogger("receiver")
+logger = get_logger("receiver")
 
 
 class Receiver(Protocol):
