@@ -35,8 +35,8 @@ from receiver._config import (
     DEFAULT_RETRY_AFTER,
     DEFAULT_SWEEP_INTERVAL,
     _app_from_environment,
-    _scan,
 )
+from receiver._toml_source import scan as _scan
 
 # -- handler modules: this test module is one (handlers = ["tests.unit.test_config"]) ----------
 
