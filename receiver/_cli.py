@@ -11,12 +11,14 @@ import asyncio
 import datetime as dt
 import importlib
 import os
+import sqlite3
 import sys
 import time
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
+import asyncpg
 import httpx
 import orjson
 
@@ -304,6 +306,25 @@ def _existing_store(url: str) -> Store:
     return store
 
 
+T = TypeVar("T")
+
+
+def _read(store: Store, run: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a read of the ledger; the database's own refusal (no such database or role, no
+    tables yet) is one line, not a driver traceback. Only the error's class and first line are
+    shown: these reads carry no payload values."""
+    try:
+        return asyncio.run(run())
+    except (asyncpg.PostgresError, sqlite3.Error) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        hint = ""
+        if "receiver_receipts" in first or isinstance(exc, asyncpg.UndefinedTableError):
+            hint = f"; create the tables first: receiver migrate --store {store.url}"
+        raise ReceiverError(
+            f"cannot read the receipts in {store.url}: {type(exc).__name__}: {first}{hint}"
+        ) from exc
+
+
 def inspect_command(args: argparse.Namespace) -> int:
     provider = _text_argument("provider", args.provider)
     webhook_id = _text_argument("webhook id", args.webhook_id)
@@ -315,7 +336,7 @@ def inspect_command(args: argparse.Namespace) -> int:
             attempts = await conn.run_all("list_attempts", provider, webhook_id)
             return receipt, attempts
 
-    receipt, attempts = asyncio.run(run())
+    receipt, attempts = _read(store, run)
     if receipt is None:
         print(f"no receipt for {args.provider}/{args.webhook_id}", file=sys.stderr)
         return 1
@@ -346,7 +367,7 @@ def failed_command(args: argparse.Namespace) -> int:
         async with store, store.acquire() as conn:
             return await conn.run_all("list_failed", provider, limit)
 
-    rows = asyncio.run(run())
+    rows = _read(store, run)
     if not rows:
         print("no failed receipts")
         return 0

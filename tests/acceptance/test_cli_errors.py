@@ -215,3 +215,21 @@ def test_send_exits_non_zero_on_non_2xx_and_new_ids_never_drift(tmp_path: Path) 
         server.terminate()
         server.wait(timeout=10)
     assert "key drift" not in Path(log.name).read_text()
+
+
+def test_a_database_that_is_missing_or_not_migrated_is_a_one_line_error(
+    pg_admin_url: str,
+) -> None:
+    from tests import pgcluster
+
+    name = f"receiver_cli_empty_{os.getpid()}"
+    empty = asyncio.run(pgcluster.recreate_database(pg_admin_url, name))
+    try:
+        line = one_line_error(receiver("failed", "--store", empty))
+        assert "UndefinedTableError" in line
+        assert f"receiver migrate --store {empty}" in line
+    finally:
+        asyncio.run(pgcluster.drop_database(pg_admin_url, name))
+    line = one_line_error(receiver("inspect", PROVIDER, "msg_1", "--store", empty))
+    assert "InvalidCatalogNameError" in line
+    assert f'database "{name}" does not exist' in line
