@@ -1,6 +1,6 @@
 """One delivery, step by step: verify, parse, claim, decide, run, answer.
 
-This module is the whole behaviour of DESIGN.md "One delivery, step by step". The order is the
+This module is the whole behaviour of README.md "What the sender gets". The order is the
 guarantee: nothing touches the store before verification passes (I5), and no handler runs
 without a claim of its key (I1). Every delivery ends in one :class:`Reply`: the response and
 the :class:`Outcome` that metrics and logs report.
@@ -31,12 +31,14 @@ from ._events import Event
 from ._exceptions import LeaseLost, StoreUnavailable, VerificationError
 from ._handlers import Handler, Registry
 from ._ledger import Claim, Decision, Key, Receipt, State, StoredResponse
+from ._logging import get_logger
 from ._metrics import Metrics
 from ._providers import Provider
 from ._responses import IGNORED, encode, error, replay, stored_error
 from ._store import Connection, Store
+from ._tracing import annotate, handler_span
 
-logger = logging.getLogger("receiver")
+logger = get_logger("receiver")
 
 # An event type is a routing key and a stored column: printable, bounded, no control characters
 # (PostgreSQL text cannot even hold NUL).
@@ -92,11 +94,14 @@ _NEEDS_REVIEW = StoredResponse(
 )
 
 
-class _Retryable(Exception):
-    """A handler answered 5xx (or 429): roll back and release, never store it as the truth."""
+class HandlerAnswered(Exception):
+    """A handler answered 5xx (or 429): roll back and release, never store it as the truth.
+    Its name and message are what ``receiver failed`` shows as the attempt's error."""
 
     def __init__(self, response: StoredResponse) -> None:
-        super().__init__(f"handler answered {response.status}")
+        super().__init__(
+            f"HTTP {response.status}, not stored: the claim was released for the sender's retry"
+        )
         self.response = response
 
 
@@ -202,7 +207,7 @@ class Pipeline:
         hit = None if self.cache is None else self.cache.get(key, now)
         if hit is not None and hit.body_hash == hashlib.sha256(body).digest():
             reply = Reply(replay(hit.response, replayed=True), Outcome.REPLAYED)
-            self._report(provider.name, key.webhook_id, None, reply, started, headers)
+            self._report(provider.name, key.webhook_id, hit.event_type, reply, started, headers)
             return reply
         job = self._prepare(
             provider,
@@ -270,7 +275,8 @@ class Pipeline:
         started: float,
         headers: Headers,
     ) -> None:
-        """One log line and the metrics of one decision."""
+        """One log line, the metrics and the trace attributes of one decision."""
+        annotate(webhook_id, event_type)
         _log(provider, webhook_id, event_type, reply, started, headers)
         if self.metrics is not None:
             self.metrics.delivered(
@@ -379,14 +385,11 @@ class Pipeline:
                     fence = await ledger.reclaim(conn, claim, receipt.fence)
                     if fence is not None and decision is Decision.RECOVER:
                         logger.warning(
-                            "lease expired (%s/%s, fence %d); running again under fence %d",
-                            key.provider,
-                            key.webhook_id,
-                            receipt.fence,
-                            fence,
+                            "lease expired; running again under a new fence",
                             extra={
                                 "provider": key.provider,
                                 "webhook_id": key.webhook_id,
+                                "event_type": claim.event_type,
                                 "fence": fence,
                             },
                         )
@@ -417,7 +420,9 @@ class Pipeline:
             claim = job.claim
             body_hash = hashlib.sha256(claim.body).digest()
             expires = job.arrived + claim.window
-            self.cache.put(claim.key, claim.payload_hash, response, expires, body_hash)
+            self.cache.put(
+                claim.key, claim.payload_hash, response, expires, body_hash, claim.event_type
+            )
 
     def _in_flight(self, receipt: Receipt) -> Reply:
         return self._busy(receipt.fence, max(1, math.ceil(receipt.lease_until - receipt.now)))
@@ -510,10 +515,7 @@ class Pipeline:
             if finished:
                 await self._ran_twice(key, fence, handlers)
             logger.warning(
-                "lease lost: a newer attempt owns %s/%s; fence %d rolled back",
-                key.provider,
-                key.webhook_id,
-                fence,
+                "lease lost: a newer attempt owns this delivery; rolled back",
                 extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
             )
             response = error(
@@ -532,7 +534,8 @@ class Pipeline:
         try:
             result: Any = None
             for handler in handlers:
-                returned = await handler.func(event, conn)
+                with handler_span(handler, event):
+                    returned = await handler.func(event, conn)
                 if returned is not None:
                     result = returned
             return result
@@ -572,11 +575,11 @@ class Pipeline:
             "handler failed; claim released",
             extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
             # The exception itself: this runs after its except block has ended.
-            exc_info=None if isinstance(exc, _Retryable) else exc,
+            exc_info=None if isinstance(exc, HandlerAnswered) else exc,
         )
         async with self.store.acquire() as conn:
             await ledger.release(conn, key, fence, message, self.store.now())
-        if isinstance(exc, _Retryable) and exc.response.status == 429:
+        if isinstance(exc, HandlerAnswered) and exc.response.status == 429:
             return Reply(replay(exc.response, replayed=False), Outcome.HANDLER_FAILED, fence)
         response = error(500, "handler_failed", "the handler failed; retry later")
         return Reply(response, Outcome.HANDLER_FAILED, fence)
@@ -683,7 +686,7 @@ def _with_fence(event: Event, fence: int, extend: Callable[[float], Any]) -> Eve
 def _final(stored: StoredResponse, key: Key) -> StoredResponse:
     """Apply the rules for what a handler may answer."""
     if stored.status >= 500 or stored.status == 429:
-        raise _Retryable(stored)
+        raise HandlerAnswered(stored)
     if stored.status == 410:
         # Standard Webhooks senders disable the endpoint on 410: never send it.
         logger.warning(

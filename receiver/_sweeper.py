@@ -10,7 +10,6 @@ deleting a row twice deletes it once.
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -18,12 +17,13 @@ from dataclasses import dataclass
 from . import _ledger as ledger
 from ._exceptions import StoreUnavailable
 from ._ledger import Key, Receipt, State
+from ._logging import get_logger
 from ._pipeline import Outcome, Pipeline
 from ._providers import Provider
 from ._responses import stored_error
 from ._store import Store
 
-logger = logging.getLogger("receiver.sweeper")
+logger = get_logger("receiver.sweeper")
 
 
 @dataclass(frozen=True, slots=True)
