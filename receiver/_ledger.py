@@ -8,6 +8,7 @@ no check-then-act anywhere; :func:`decide` only interprets a row the database al
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import orjson
@@ -258,3 +259,65 @@ async def extend_lease(
     row = await conn.run("extend_lease", key.provider, key.webhook_id, fence, now, seconds)
     if row is None:
         raise LeaseLost(f"fence {fence} of {key.provider}/{key.webhook_id} is stale")
+
+
+async def claim_many(
+    conn: Connection, claims: Sequence[Claim], now: float | None
+) -> list[Claimed | Receipt | None]:
+    """Claim many keys in one statement (the micro-batcher's flush), at one time ``now``.
+    One result per claim, in order; None where the caller must look the key up (another claim
+    of the same batch won it, or a concurrent one committed after the statement's snapshot)."""
+    rows = await conn.run_all(
+        "claim_many",
+        now,
+        [c.key.provider for c in claims],
+        [c.key.webhook_id for c in claims],
+        [c.payload_hash for c in claims],
+        [c.event_type for c in claims],
+        [c.lease for c in claims],
+        [c.window for c in claims],
+        [c.body for c in claims],
+    )
+    results: list[Claimed | Receipt | None] = []
+    for claim, row in zip(claims, rows, strict=True):
+        if row["claimed"]:
+            drift = row["drift"]
+            results.append(
+                Claimed(int(row["fence"]), row["now"], None if drift is None else bool(drift))
+            )
+        elif row["state"] is None:
+            results.append(None)
+        else:
+            results.append(Receipt.from_row(claim.key, row))
+    return results
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One fenced completion for :func:`complete_many`."""
+
+    key: Key
+    fence: int
+    response: StoredResponse
+    state: State = State.COMPLETED
+
+
+async def complete_many(
+    conn: Connection, completions: Sequence[Completion], now: float | None
+) -> list[bool]:
+    """Complete many receipts in one statement; per completion, False if its fence was stale
+    (the caller raises LeaseLost for it, as :func:`complete` would)."""
+    rows = await conn.run_all(
+        "complete_many",
+        now,
+        [c.key.provider for c in completions],
+        [c.key.webhook_id for c in completions],
+        [c.fence for c in completions],
+        [c.state.value for c in completions],
+        [c.response.status for c in completions],
+        [c.response.content_type for c in completions],
+        [c.response.body for c in completions],
+        [encode_headers(c.response.headers) for c in completions],
+    )
+    done = {(r["provider"], r["webhook_id"], r["fence"]) for r in rows}
+    return [(c.key.provider, c.key.webhook_id, c.fence) in done for c in completions]
