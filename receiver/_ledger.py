@@ -7,6 +7,7 @@ no check-then-act anywhere; :func:`decide` only interprets a row the database al
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -264,9 +265,15 @@ async def extend_lease(
 async def claim_many(
     conn: Connection, claims: Sequence[Claim], now: float | None
 ) -> list[Claimed | Receipt | None]:
-    """Claim many keys in one statement (the micro-batcher's flush), at one time ``now``.
-    One result per claim, in order; None where the caller must look the key up (another claim
-    of the same batch won it, or a concurrent one committed after the statement's snapshot)."""
+    """Claim many keys at one time ``now`` (the micro-batcher's flush). One result per claim,
+    in order; None where the caller must look the key up (another claim of the same batch won
+    it, or a concurrent one committed after the statement's snapshot).
+
+    PostgreSQL: one statement, one round trip. SQLite: one transaction, one COMMIT (one fsync)
+    for the whole group: SQLite's cost is the sync, not the round trip."""
+    if conn.dialect != "postgresql":
+        async with conn.transaction():
+            return [await claim(conn, dataclasses.replace(c, now=now)) for c in claims]
     rows = await conn.run_all(
         "claim_many",
         now,
@@ -279,7 +286,7 @@ async def claim_many(
         [c.body for c in claims],
     )
     results: list[Claimed | Receipt | None] = []
-    for claim, row in zip(claims, rows, strict=True):
+    for asked, row in zip(claims, rows, strict=True):
         if row["claimed"]:
             drift = row["drift"]
             results.append(
@@ -288,7 +295,7 @@ async def claim_many(
         elif row["state"] is None:
             results.append(None)
         else:
-            results.append(Receipt.from_row(claim.key, row))
+            results.append(Receipt.from_row(asked.key, row))
     return results
 
 
@@ -305,8 +312,27 @@ class Completion:
 async def complete_many(
     conn: Connection, completions: Sequence[Completion], now: float | None
 ) -> list[bool]:
-    """Complete many receipts in one statement; per completion, False if its fence was stale
-    (the caller raises LeaseLost for it, as :func:`complete` would)."""
+    """Complete many receipts in one statement (SQLite: one transaction); per completion,
+    False if its fence was stale (the caller raises LeaseLost for it, as :func:`complete`
+    would)."""
+    if conn.dialect != "postgresql":
+        results: list[bool] = []
+        async with conn.transaction():
+            for c in completions:
+                row = await conn.run(
+                    "complete",
+                    c.key.provider,
+                    c.key.webhook_id,
+                    c.fence,
+                    c.state.value,
+                    c.response.status,
+                    c.response.content_type,
+                    c.response.body,
+                    now,
+                    encode_headers(c.response.headers),
+                )
+                results.append(row is not None)
+        return results
     rows = await conn.run_all(
         "complete_many",
         now,
