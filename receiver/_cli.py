@@ -29,6 +29,7 @@ from ._logging import FORMATS, logging_config
 from ._pipeline import Outcome, Reply
 from ._replay import ReplayRefused, failed_keys, replay_all
 from ._schedules import describe
+from ._sqlite import SQLiteStore
 from ._store import Row, store_from_url
 from ._sweeper import SweepReport
 from ._verification import generate_secret, sign
@@ -67,9 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "log-level", "uvicorn log level", "info")
     _add(serve, "log-format", "json (one object per line) or text", "json", choices=FORMATS)
 
-    migrate = sub.add_parser("migrate", help="create the ledger's tables (idempotent)")
+    migrate = sub.add_parser(
+        "migrate", help="apply the schema migrations the store lacks (idempotent)"
+    )
     _add(migrate, "config", "take the store from this config file")
     _add(migrate, "store", STORE_HELP)
+    migrate.add_argument(
+        "--check",
+        action="store_true",
+        help="change nothing; exit 1 listing the missing migrations if the store is behind",
+    )
 
     sweep = sub.add_parser("sweep", help="one sweeper pass: recover stale claims, delete expired")
     _add(
@@ -382,14 +390,30 @@ def ttl_command(args: argparse.Namespace) -> int:
 
 
 def migrate(args: argparse.Namespace) -> int:
-    async def run() -> None:
-        url = args.store or (load_config(args.config).store if args.config else DEFAULT_STORE)
-        async with store_from_url(url) as store:
-            await store.migrate()
-            print(f"schema ready in {store.url}")
+    url = args.store or (load_config(args.config).store if args.config else DEFAULT_STORE)
+    store = store_from_url(url)
+    if isinstance(store, SQLiteStore):
+        store.auto_migrate = False  # this command applies (or checks) them itself
 
-    asyncio.run(run())
-    return 0
+    async def run() -> int:
+        async with store:
+            if args.check:
+                missing = await store.missing_migrations()
+                if missing:
+                    print(
+                        f"receiver: the schema in {store.url} is behind: missing "
+                        f"{', '.join(missing)} (run `receiver migrate`)",
+                        file=sys.stderr,
+                    )
+                    return 1
+                print(f"schema up to date in {store.url}")
+                return 0
+            for name in await store.migrate():
+                print(f"applied {name}")
+            print(f"schema ready in {store.url}")
+            return 0
+
+    return asyncio.run(run())
 
 
 def send(args: argparse.Namespace) -> int:

@@ -19,8 +19,8 @@ from typing import Any
 import aiosqlite
 
 from ._exceptions import StoreUnavailable
-from ._queries import schema
-from ._store import Connection, Row, Store, split_statements
+from ._migrations import apply_if_missing
+from ._store import Connection, Row, Store
 
 # "$1" -> "?1": handlers write PostgreSQL-style placeholders on every store.
 _PLACEHOLDER = re.compile(r"\$(\d+)")
@@ -91,11 +91,19 @@ class SQLiteConnection(Connection):
 
 class SQLiteStore(Store):
     """Receipts in a SQLite file (WAL mode). ``busy_timeout`` bounds how long a delivery waits
-    for another process's write before answering 503."""
+    for another process's write before answering 503.
+
+    An embedded store must work with no set-up step, so opening it applies the schema
+    migrations it lacks (one process at a time, under ``BEGIN IMMEDIATE``). With
+    ``auto_migrate=False`` it does not: ``receiver migrate`` (or :meth:`migrate`) does, and a
+    Receiver refuses to start on an older schema, as on PostgreSQL."""
 
     dialect = "sqlite"
 
-    def __init__(self, path: str | Path, *, busy_timeout: float = 5.0) -> None:
+    def __init__(
+        self, path: str | Path, *, busy_timeout: float = 5.0, auto_migrate: bool = True
+    ) -> None:
+        self.auto_migrate = auto_migrate
         self._path = str(path)
         self._busy_timeout = busy_timeout
         self._conn: aiosqlite.Connection | None = None
@@ -124,8 +132,8 @@ class SQLiteStore(Store):
                 # FULL: a receipt acknowledged with a 2xx must survive power loss, not only a
                 # crash of this process.
                 await conn.execute("PRAGMA synchronous = FULL")
-                for statement in split_statements(schema("sqlite")):
-                    await conn.execute(statement)
+                if self.auto_migrate:
+                    await apply_if_missing(SQLiteConnection(conn))
             self._conn = conn
 
     async def close(self) -> None:
@@ -141,7 +149,3 @@ class SQLiteStore(Store):
         async with self._lock:
             assert self._conn is not None
             yield SQLiteConnection(self._conn)
-
-    async def migrate(self) -> None:
-        # open() already creates the schema: an embedded store must work with no set-up step.
-        await self.open()
