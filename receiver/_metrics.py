@@ -9,7 +9,8 @@ anything from a payload is never a label: those are unbounded and chosen by the 
 The gauges that describe the ledger (receipts per state, age of the oldest in-flight receipt)
 are read from the store: the oldest in-flight age on every scrape (it reads only in-flight rows,
 through the partial index), the per-state counts at most every ``count_interval`` seconds and
-after every sweeper pass (a count of the whole table is not free on a big one).
+after every sweeper pass, at a cost that does not grow with the table (receiver/_receipt_counts.py:
+exact for the small states, an estimate of the completed ones on a large PostgreSQL table).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ._receipt_counts import EXACT_BELOW, count_receipts
 from ._store import Store
 
 logger = logging.getLogger("receiver.metrics")
@@ -119,7 +121,8 @@ class _LedgerGauges(Collector):
         if self.counts is not None:
             receipts = GaugeMetricFamily(
                 "receiver_receipts",
-                "Receipts stored in the ledger, per state (read from the store).",
+                "Receipts stored in the ledger, per state (read from the store; on a large "
+                "PostgreSQL table the completed count is an estimate from its statistics).",
                 labels=["provider", "state"],
             )
             counts = dict.fromkeys(((p, s) for p in self.providers for s in STATES), 0)
@@ -149,11 +152,15 @@ class Metrics:
         *,
         count_interval: float = 60.0,
         refresh_timeout: float = 2.0,
+        exact_count_below: int = EXACT_BELOW,
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         #: Seconds between two counts of receipts per state on scrape (0: every scrape).
         self.count_interval = count_interval
         self.refresh_timeout = refresh_timeout
+        #: Receipts are counted exactly below this many; above, completed ones are estimated
+        #: (receiver/_receipt_counts.py).
+        self.exact_count_below = exact_count_below
         self._counted_at: float | None = None
         r = self.registry
         self.deliveries = Counter(
@@ -286,8 +293,7 @@ class Metrics:
             rows = await conn.run_all("oldest_in_flight_by_provider")
             oldest = {r["provider"]: float(r["claimed_at"]) for r in rows}
             if counts:
-                rows = await conn.run_all("count_by_provider_state")
-                self._ledger.counts = {(r["provider"], r["state"]): int(r["n"]) for r in rows}
+                self._ledger.counts = await count_receipts(conn, self.exact_count_below)
                 self._counted_at = now
         self._ledger.oldest, self._ledger.now = oldest, now
 
