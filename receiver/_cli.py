@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import importlib
 import os
 import sys
+import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -150,8 +152,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     if args.config:
         _config_receiver(args)  # report configuration errors before uvicorn starts
         # Each worker process builds its own Receiver from the file (receiver/_config.py).
@@ -175,6 +175,33 @@ def serve(args: argparse.Namespace) -> int:
         # Import once here so configuration errors are reported before uvicorn starts.
         _load_app(args.app)
         app, factory = args.app, False
+    with _worker_metrics(args.workers):
+        _run_uvicorn(args, app, factory)
+    return 0
+
+
+@contextlib.contextmanager
+def _worker_metrics(workers: int) -> Iterator[None]:
+    """With several workers, each is a process with its own metrics, and a scrape of /metrics
+    reaches one of them. prometheus-client's multiprocess mode sums them: each worker writes
+    its counters to files in PROMETHEUS_MULTIPROC_DIR (read when the worker imports
+    prometheus-client, so set here, before uvicorn starts them), and the scrape reads them all.
+    A directory the operator set is used as it is; otherwise a fresh one, removed at exit (a
+    stale one would add the counters of a previous run)."""
+    if workers <= 1 or os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="receiver-metrics-") as directory:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+        try:
+            yield
+        finally:
+            del os.environ["PROMETHEUS_MULTIPROC_DIR"]
+
+
+def _run_uvicorn(args: argparse.Namespace, app: str, factory: bool) -> None:
+    import uvicorn
+
     uvicorn.run(
         app,
         host=args.host,
@@ -193,7 +220,6 @@ def serve(args: argparse.Namespace) -> int:
         # One structured line per delivery comes from the receiver itself.
         access_log=False,
     )
-    return 0
 
 
 def _load_app(spec: str) -> Any:

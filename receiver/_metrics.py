@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -143,6 +144,22 @@ class _LedgerGauges(Collector):
             yield age
 
 
+def _exposition(registry: CollectorRegistry, ledger: _LedgerGauges) -> CollectorRegistry:
+    """What GET /metrics serves. Under ``receiver serve --workers N`` each worker is a process
+    with its own counters, and a scrape reaches one of them: prometheus-client's multiprocess
+    mode (PROMETHEUS_MULTIPROC_DIR, set by ``serve`` for its workers) keeps every worker's
+    counters in files there, and the scrape sums them. The ledger's gauges are read from the
+    shared store, the same from any worker, so they are served as they are."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return registry
+    from prometheus_client import multiprocess
+
+    combined = CollectorRegistry()
+    multiprocess.MultiProcessCollector(combined)  # type: ignore[no-untyped-call]
+    combined.register(ledger)
+    return combined
+
+
 class Metrics:
     """The Prometheus instruments of one Receiver (``rx.metrics``)."""
 
@@ -216,6 +233,7 @@ class Metrics:
         )
         self._ledger = _LedgerGauges()
         r.register(self._ledger)
+        self._exposition = _exposition(self.registry, self._ledger)
 
     def add_provider(self, provider: str) -> None:
         """Create the provider's series at 0, so that the first event is an increase."""
@@ -300,4 +318,4 @@ class Metrics:
     async def render(self, store: Store, now: float) -> bytes:
         """The exposition text, after refreshing the ledger's gauges."""
         await self.refresh(store, now)
-        return generate_latest(self.registry)
+        return generate_latest(self._exposition)
