@@ -45,7 +45,7 @@ CREATE INDEX IF NOT EXISTS receiver_receipts_in_flight
 
 -- The metrics' per-state counts read released and failed receipts here, never the whole table.
 CREATE INDEX IF NOT EXISTS receiver_receipts_released_failed
-    ON receiver_receipts (provider, state) WHERE state IN ('released', 'failed');
+    ON receiver_receipts (provider, state, webhook_id) WHERE state IN ('released', 'failed');
 
 -- Key drift (the metrics): is this payload already here under another webhook-id?
 CREATE INDEX IF NOT EXISTS receiver_receipts_payload_hash

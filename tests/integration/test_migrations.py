@@ -302,7 +302,9 @@ async def test_an_interrupted_concurrent_index_build_is_finished_by_the_next_run
 
     found = await catalog(fresh_pg)
     assert (index, True) in found["valid"]
-    assert not any("UNIQUE" in d for _, name, d in found["indexes"] if name == index)
+    (built,) = [d for _, name, d in found["indexes"] if name == index]
+    assert "UNIQUE" not in built
+    assert "(provider, state, webhook_id)" in built  # the migration's index, not the leftover
 
 
 async def test_a_changed_migration_file_is_refused(fresh_pg: str) -> None:

@@ -5,4 +5,4 @@
 -- (receiver/_receipt_counts.py), so the cost no longer grows with the table.
 -- CONCURRENTLY: the table is live and may be large; deliveries go on while the index builds.
 CREATE INDEX CONCURRENTLY IF NOT EXISTS receiver_receipts_released_failed
-    ON receiver_receipts (provider, state) WHERE state IN ('released', 'failed');
+    ON receiver_receipts (provider, state, webhook_id) WHERE state IN ('released', 'failed');
