@@ -8,6 +8,7 @@ walks an index by provider alone reads every receipt of that provider, for every
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -59,5 +60,9 @@ async def test_keyed_statements_use_the_primary_key(
         await analyzed.execute("DEALLOCATE keyed")
     plan = "\n".join(r[0] for r in rows)
     table = "receiver_attempts" if "FROM receiver_attempts" in sql else "receiver_receipts"
-    assert f"{table}_pkey" in plan, plan
+    # The primary key, or an index whose condition is the whole key (``reopen``'s
+    # state = 'failed' may take the partial index of released and failed receipts, which holds
+    # the key after the state: one entry per key, as cheap), never a walk by provider alone.
+    whole_key = re.search(r"Index Cond: \(\(provider = \$1\).*\(webhook_id = \$2\)\)", plan)
+    assert f"{table}_pkey" in plan or whole_key, plan
     assert f"Seq Scan on {table}" not in plan, plan
