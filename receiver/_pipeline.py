@@ -14,13 +14,11 @@ import enum
 import hashlib
 import logging
 import math
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from starlette.background import BackgroundTask
 from starlette.datastructures import Headers
 from starlette.responses import Response
@@ -32,15 +30,12 @@ from ._exceptions import LeaseLost, StoreUnavailable, VerificationError
 from ._handlers import Handler, Registry
 from ._ledger import Claim, Decision, Key, Receipt, State, StoredResponse
 from ._metrics import Metrics
+from ._payload import Parsed, parse
 from ._providers import Provider
 from ._responses import IGNORED, encode, error, replay, stored_error
 from ._store import Connection, Store
 
 logger = logging.getLogger("receiver")
-
-# An event type is a routing key and a stored column: printable, bounded, no control characters
-# (PostgreSQL text cannot even hold NUL).
-_EVENT_TYPE = re.compile(r"[^\x00-\x1f\x7f]{1,255}")
 
 
 class Outcome(enum.StrEnum):
@@ -98,35 +93,6 @@ class _Retryable(Exception):
     def __init__(self, response: StoredResponse) -> None:
         super().__init__(f"handler answered {response.status}")
         self.response = response
-
-
-@dataclass(frozen=True, slots=True)
-class Parsed:
-    payload: Any
-    event_type: str
-    payload_hash: bytes
-    problem: str | None = None
-
-
-def parse(body: bytes, event_type: str | None) -> Parsed:
-    """Parse the verified body once. The hash is of the normalized payload (sorted keys, no
-    insignificant whitespace), so a re-serialized redelivery still matches its receipt."""
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return Parsed(None, "", hashlib.sha256(body).digest(), "the body is not valid JSON")
-    if event_type is None:
-        event_type = payload.get("type") if isinstance(payload, dict) else None
-        if not isinstance(event_type, str) or not _EVENT_TYPE.fullmatch(event_type):
-            return Parsed(
-                payload,
-                "",
-                hashlib.sha256(body).digest(),
-                'the body must be a JSON object with a "type": a string of 1-255 characters '
-                "without control characters",
-            )
-    normalized = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
-    return Parsed(payload, event_type, hashlib.sha256(normalized).digest())
 
 
 @dataclass(slots=True)
