@@ -134,14 +134,33 @@ ORDER BY lease_until
 LIMIT $2;
 
 -- name: delete_expired
--- Bounded, so that the sweeper never holds many row locks for long.
-DELETE FROM receiver_receipts
-WHERE (provider, webhook_id) IN (
+-- What expiry means per state (README, "Expiry"): a completed receipt goes when its window ends
+-- ($1); a dead letter (failed, or released after a failed attempt) stays for the retention
+-- after its window ($2 is now minus the retention), as the evidence an operator needs; an
+-- in-flight receipt is never deleted (its work is unfinished: the sweeper recovers it first).
+-- One batch of at most $3 rows, with its attempts. SKIP LOCKED: concurrent sweepers (several
+-- replicas) take disjoint batches instead of waiting on each other's row locks, and never on a
+-- row a delivery is reclaiming. Keyed deletes and data-modifying CTEs, as distributed
+-- PostgreSQL-compatible databases support them (no ctid).
+WITH doomed AS (
     SELECT provider, webhook_id FROM receiver_receipts
     WHERE expires_at <= to_timestamp($1)
-    LIMIT $2
+      AND (state = 'completed'
+           OR (state IN ('failed', 'released') AND expires_at <= to_timestamp($2)))
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM receiver_receipts r
+    USING doomed d
+    WHERE r.provider = d.provider AND r.webhook_id = d.webhook_id
+    RETURNING r.provider, r.webhook_id
+), attempts AS (
+    DELETE FROM receiver_attempts a
+    USING gone g
+    WHERE a.provider = g.provider AND a.webhook_id = g.webhook_id
+    RETURNING 1
 )
-RETURNING provider, webhook_id;
+SELECT count(*) AS n FROM gone;
 
 -- name: delete_orphan_attempts
 DELETE FROM receiver_attempts

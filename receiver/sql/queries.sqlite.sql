@@ -103,14 +103,18 @@ ORDER BY lease_until
 LIMIT ?2;
 
 -- name: delete_expired
--- Bounded, so that the sweeper never holds many row locks for long.
+-- What expiry means per state: see queries.postgresql.sql. One batch of at most ?3 rows; one
+-- row (n = 1) per receipt deleted. Their attempts go with delete_orphan_attempts (SQLite has no
+-- data-modifying CTE); SQLite's single writer means no concurrent sweeper to skip.
 DELETE FROM receiver_receipts
 WHERE (provider, webhook_id) IN (
     SELECT provider, webhook_id FROM receiver_receipts
     WHERE expires_at <= ?1
-    LIMIT ?2
+      AND (state = 'completed'
+           OR (state IN ('failed', 'released') AND expires_at <= ?2))
+    LIMIT ?3
 )
-RETURNING provider, webhook_id;
+RETURNING 1 AS n;
 
 -- name: delete_orphan_attempts
 DELETE FROM receiver_attempts
