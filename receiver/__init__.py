@@ -9,6 +9,8 @@ from ._exceptions import (
     MalformedRequest,
     ReceiverError,
     StoreError,
+    StoreMisconfigured,
+    StoreReadOnly,
     StoreUnavailable,
     VerificationError,
 )
@@ -74,6 +76,8 @@ __all__ = [
     "State",
     "Store",
     "StoreError",
+    "StoreMisconfigured",
+    "StoreReadOnly",
     "StoreUnavailable",
     "StoredResponse",
     "Stripe",

@@ -23,7 +23,7 @@ from ._events import Event
 from ._exceptions import ConfigurationError
 from ._forwarded import TrustedProxies
 from ._handlers import Effects, Handler, HandlerFunc, ReconcileFunc, Registry
-from ._health import observability_routes, reserved_names
+from ._health import check_ready, observability_routes, reserved_names
 from ._metrics import Metrics
 from ._pipeline import Pipeline, Reply
 from ._providers import Provider
@@ -200,6 +200,12 @@ class Receiver:
 
     async def open(self) -> None:
         await self.store.open()
+        # Loud at start-up: a missing database, table or privilege, or a read-only standby,
+        # would otherwise show only as 503s once deliveries arrive. Serving starts anyway (the
+        # answer is then 503, which senders retry), so that fixing the store is enough.
+        problem = await check_ready(self.store)
+        if problem is not None:
+            logging.getLogger("receiver").error("ALERT: the store is not ready: %s", problem)
         if self._startup:
             async with self.store.acquire() as conn:
                 for hook in self._startup:

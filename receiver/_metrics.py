@@ -70,6 +70,10 @@ EVIDENCE = (
     "reported",
 )
 
+#: The ``kind`` label of deliveries answered 503 because the store failed
+#: (receiver._exceptions.StoreUnavailable and its subclasses).
+STORE_ERRORS = ("unavailable", "read_only", "misconfigured")
+
 #: The ``result`` label of stale leases handled by the sweeper.
 SWEEP_RESULTS = ("recovered", "failed", "released", "skipped")
 
@@ -181,6 +185,13 @@ class Metrics:
             ["provider"],
             registry=r,
         )
+        self.store_errors = Counter(
+            "receiver_store_errors",
+            "Deliveries answered 503 because the store failed, by kind: unavailable, read_only "
+            "(a standby), misconfigured (missing database, role, tables or privileges).",
+            ["provider", "kind"],
+            registry=r,
+        )
         self.stale_leases = Counter(
             "receiver_stale_leases",
             "Stale in-flight receipts handled by the sweeper, by result.",
@@ -221,6 +232,8 @@ class Metrics:
             self.double_executions.labels(provider, evidence)
         for result in SWEEP_RESULTS:
             self.stale_leases.labels(provider, result)
+        for kind in STORE_ERRORS:
+            self.store_errors.labels(provider, kind)
         self.key_mismatches.labels(provider)
         self.key_drift.labels(provider)
         self.handler_seconds.labels(provider)
@@ -234,6 +247,9 @@ class Metrics:
         self.delivery_seconds.labels(provider, outcome).observe(seconds)
         if outcome == "payload_mismatch":
             self.key_mismatches.labels(provider).inc()
+        elif outcome == "store_unavailable":
+            kind = check if check in STORE_ERRORS else "unavailable"
+            self.store_errors.labels(provider, kind).inc()
 
     def double_execution(self, provider: str, evidence: str) -> None:
         self.double_executions.labels(provider, evidence).inc()

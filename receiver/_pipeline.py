@@ -26,7 +26,13 @@ from starlette.responses import Response
 from . import _ledger as ledger
 from ._cache import ReplayCache
 from ._events import Event
-from ._exceptions import LeaseLost, StoreUnavailable, VerificationError
+from ._exceptions import (
+    LeaseLost,
+    StoreMisconfigured,
+    StoreReadOnly,
+    StoreUnavailable,
+    VerificationError,
+)
 from ._handlers import Handler, Registry
 from ._ledger import Claim, Decision, Key, Receipt, State, StoredResponse
 from ._metrics import Metrics
@@ -85,6 +91,14 @@ _NEEDS_REVIEW = StoredResponse(
     b'{"status":"needs_review","detail":"an attempt with external effects was interrupted '
     b'and cannot be safely re-run; an operator was alerted"}',
 )
+
+
+# What a sender is told when the store fails (the fix is for the operator's logs, not for it).
+_UNAVAILABLE = {
+    "unavailable": "the receipt store is unavailable; retry later",
+    "read_only": "the receipt store is read-only (failing over?); retry later",
+    "misconfigured": "the receipt store is misconfigured; retry later",
+}
 
 
 class _Retryable(Exception):
@@ -276,13 +290,16 @@ class Pipeline:
         return _Job(claim, parsed, handlers, event)
 
     def _unavailable(self, exc: StoreUnavailable) -> Reply:
+        if isinstance(exc, StoreMisconfigured | StoreReadOnly):
+            # Not a blip that passes by itself: say what to fix, on every delivery it refuses.
+            logger.error("ALERT: delivery refused with 503: %s", exc)
         response = error(
             503,
             "store_unavailable",
-            "the receipt store is unavailable; retry later",
+            _UNAVAILABLE[exc.kind] if exc.kind in _UNAVAILABLE else _UNAVAILABLE["unavailable"],
             {"retry-after": str(self.retry_after)},
         )
-        return Reply(response, Outcome.STORE_UNAVAILABLE, detail=str(exc))
+        return Reply(response, Outcome.STORE_UNAVAILABLE, detail=exc.kind)
 
     async def _claim_and_run(self, conn: Connection, job: _Job) -> Reply:
         claim = job.claim

@@ -117,7 +117,18 @@ WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state = 'in_flight'
 RETURNING fence;
 
 -- name: schema_ready
-SELECT count(*) AS n FROM receiver_receipts WHERE false;
+-- For /readyz: the tables are there (reading no row), the session can write (not a standby),
+-- and the role holds every privilege the ledger uses.
+SELECT current_setting('transaction_read_only') = 'on' AS read_only,
+       has_table_privilege('receiver_receipts', 'SELECT')
+       AND has_table_privilege('receiver_receipts', 'INSERT')
+       AND has_table_privilege('receiver_receipts', 'UPDATE')
+       AND has_table_privilege('receiver_receipts', 'DELETE')
+       AND has_table_privilege('receiver_attempts', 'SELECT')
+       AND has_table_privilege('receiver_attempts', 'INSERT')
+       AND has_table_privilege('receiver_attempts', 'UPDATE')
+       AND has_table_privilege('receiver_attempts', 'DELETE') AS privileged
+FROM (SELECT count(*) FROM receiver_receipts WHERE false) AS schema;
 
 -- name: stale
 -- In-flight receipts whose lease ran out: their attempt died or stalled (the sweeper's work).

@@ -89,7 +89,9 @@ WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
 RETURNING fence;
 
 -- name: schema_ready
-SELECT count(*) AS n FROM receiver_receipts WHERE false;
+-- For /readyz: the tables are there (reading no row). A file is writable or cannot be opened.
+SELECT false AS read_only, true AS privileged
+FROM (SELECT count(*) FROM receiver_receipts WHERE false) AS schema;
 
 -- name: stale
 -- In-flight receipts whose lease ran out: their attempt died or stalled (the sweeper's work).
