@@ -38,6 +38,7 @@ from ._ledger import Claim, Decision, Key, Receipt, State, StoredResponse
 from ._metrics import Metrics
 from ._payload import Parsed, parse
 from ._providers import Provider
+from ._redact import describe, is_driver_error, stack
 from ._responses import IGNORED, encode, error, replay, stored_error
 from ._store import Connection, Store
 
@@ -455,13 +456,18 @@ class Pipeline:
     async def _failed(self, conn: Connection, key: Key, fence: int, exc: Exception) -> Reply:
         """The handlers raised or answered 5xx: their transaction rolled back; release the key
         so that the sender's retry runs them again, and keep the error."""
-        # NUL cannot be stored in PostgreSQL text; the message is for people anyway.
-        message = f"{type(exc).__name__}: {exc}".replace("\x00", "\\x00")[:2000]
-        logger.error(
-            "handler failed; claim released",
-            extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
-            exc_info=not isinstance(exc, _Retryable),
-        )
+        # A driver's text carries payload values: described without them, and logged with the
+        # stack only (issue 14 item 12).
+        message = describe(exc)
+        where = {"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence}
+        if is_driver_error(exc):
+            logger.error("handler failed; claim released: %s\n%s", message, stack(exc), extra=where)
+        else:
+            logger.error(
+                "handler failed; claim released",
+                extra=where,
+                exc_info=not isinstance(exc, _Retryable),
+            )
         await ledger.release(conn, key, fence, message, self.clock())
         if isinstance(exc, _Retryable) and exc.response.status == 429:
             return Reply(replay(exc.response, replayed=False), Outcome.HANDLER_FAILED, fence)

@@ -27,6 +27,7 @@ from ._exceptions import StoreUnavailable
 from ._ledger import Key, Receipt, State
 from ._pipeline import Outcome, Pipeline
 from ._providers import Provider
+from ._redact import describe, is_driver_error, stack
 from ._responses import stored_error
 from ._store import Row, Store
 
@@ -184,5 +185,8 @@ async def sweep_forever(
             await run_once()
         except StoreUnavailable as exc:
             logger.warning("sweep skipped: store unavailable (%s)", exc)
-        except Exception:
-            logger.exception("sweep failed")
+        except Exception as exc:
+            if is_driver_error(exc):  # its text may carry a receipt's values: never logged
+                logger.error("sweep failed: %s\n%s", describe(exc), stack(exc))
+            else:
+                logger.exception("sweep failed")
