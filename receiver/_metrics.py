@@ -192,6 +192,14 @@ class Metrics:
             ["provider", "kind"],
             registry=r,
         )
+        self.needs_review_receipts = Counter(
+            "receiver_needs_review",
+            "Receipts marked failed for a person to review (an interrupted external handler "
+            "without reconcile, on redelivery or by the sweeper; a provider no longer "
+            "configured).",
+            ["provider"],
+            registry=r,
+        )
         self.stale_leases = Counter(
             "receiver_stale_leases",
             "Stale in-flight receipts handled by the sweeper, by result.",
@@ -234,6 +242,7 @@ class Metrics:
             self.stale_leases.labels(provider, result)
         for kind in STORE_ERRORS:
             self.store_errors.labels(provider, kind)
+        self.needs_review_receipts.labels(provider)
         self.key_mismatches.labels(provider)
         self.key_drift.labels(provider)
         self.handler_seconds.labels(provider)
@@ -253,6 +262,9 @@ class Metrics:
 
     def double_execution(self, provider: str, evidence: str) -> None:
         self.double_executions.labels(provider, evidence).inc()
+
+    def needs_review(self, provider: str) -> None:
+        self.needs_review_receipts.labels(provider).inc()
 
     def swept(self, provider: str, result: str) -> None:
         self.stale_leases.labels(provider, result).inc()

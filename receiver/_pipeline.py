@@ -40,6 +40,7 @@ from ._payload import Parsed, parse
 from ._providers import Provider
 from ._redact import describe, is_driver_error, stack
 from ._responses import IGNORED, encode, error, replay, stored_error
+from ._review import needs_review
 from ._store import Connection, Store
 
 logger = logging.getLogger("receiver")
@@ -484,11 +485,11 @@ class Pipeline:
         externals = [h for h in job.handlers if h.effects == "external"]
         event = _with_fence(job.event, fence, self._extender(conn, key, fence))
         if any(h.reconcile is None for h in externals):
-            logger.error(
-                "ALERT: interrupted external handler has no reconcile(); receipt marked failed",
-                extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
+            reason = (
+                "an attempt of an external handler without reconcile() was interrupted: it may "
+                "or may not have acted; check the outside system, then `receiver replay`"
             )
-            await ledger.complete(conn, key, fence, _NEEDS_REVIEW, self.clock(), state=State.FAILED)
+            await needs_review(conn, key, fence, _NEEDS_REVIEW, reason, self.clock(), self.metrics)
             return Reply(replay(_NEEDS_REVIEW, replayed=False), Outcome.NEEDS_REVIEW, fence)
         try:
             results = [await h.reconcile(event) for h in externals if h.reconcile is not None]

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 
 from . import _ledger as ledger
 from ._exceptions import StoreUnavailable
-from ._ledger import Key, Receipt, State
+from ._ledger import Key, Receipt
 from ._pipeline import Outcome, Pipeline
 from ._providers import Provider
 from ._redact import describe, is_driver_error, stack
 from ._responses import stored_error
+from ._review import needs_review
 from ._store import Row, Store
 
 logger = logging.getLogger("receiver.sweeper")
@@ -100,7 +101,9 @@ async def _recover(
         receipt = Receipt.from_row(key, row)
         provider = providers.get(key.provider)
         if provider is None:
-            took = await _fail(store, receipt, now, "its provider is no longer configured")
+            took = await _fail(
+                store, pipeline, receipt, now, "its provider is no longer configured"
+            )
             _count(pipeline, tally, key.provider, "failed" if took else "skipped")
             continue
         reply = await pipeline.recover(provider, receipt)
@@ -149,7 +152,9 @@ def _count(pipeline: Pipeline, tally: collections.Counter[str], provider: str, r
         pipeline.metrics.swept(provider, result)
 
 
-async def _fail(store: Store, receipt: Receipt, now: float, reason: str) -> bool:
+async def _fail(
+    store: Store, pipeline: Pipeline, receipt: Receipt, now: float, reason: str
+) -> bool:
     """Mark a stale receipt failed under the next fence; False if someone else took it."""
     async with store.acquire() as conn:
         claim = ledger.Claim(
@@ -164,13 +169,8 @@ async def _fail(store: Store, receipt: Receipt, now: float, reason: str) -> bool
         fence = await ledger.reclaim(conn, claim, receipt.fence)
         if fence is None:
             return False
-        logger.error(
-            "ALERT: stale receipt marked failed: %s",
-            reason,
-            extra={"provider": receipt.key.provider, "webhook_id": receipt.key.webhook_id},
-        )
         answer = stored_error(422, "unrecoverable", reason)
-        await ledger.complete(conn, receipt.key, fence, answer, now, state=State.FAILED)
+        await needs_review(conn, receipt.key, fence, answer, reason, now, pipeline.metrics)
         return True
 
 

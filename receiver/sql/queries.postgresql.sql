@@ -104,6 +104,14 @@ VALUES ($1, $2, $3, to_timestamp($4), $5)
 ON CONFLICT (provider, webhook_id, fence)
 DO UPDATE SET failed_at = EXCLUDED.failed_at, error = EXCLUDED.error;
 
+-- name: note_failure
+-- A receipt marked failed for review keeps its reason, counted as an attempt (fenced).
+UPDATE receiver_receipts
+SET attempts = attempts + 1,
+    last_error = $4
+WHERE provider = $1 AND webhook_id = $2 AND fence = $3
+RETURNING fence;
+
 -- name: list_attempts
 SELECT fence, extract(epoch FROM failed_at)::float8 AS failed_at, error
 FROM receiver_attempts
