@@ -112,3 +112,26 @@ async def test_unusual_unicode_round_trips(
         # The same payload, serialized differently: executed once, then replayed.
         assert answer.status_code == 200, answer.text
     assert seen == [{"type": "note", "data": {text: text}}]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        [2**64 + i for i in range(44_000)],  # ~1 MiB of integers beyond 64 bits
+        "\U0001f600\u2028\ufeff\u0301" * 80_000,  # ~960 KB of unusual Unicode in one string
+        {f"k{i}": [i, None, True, 1.5e300] for i in range(25_000)},
+    ],
+    ids=["big-integers", "unicode", "wide-object"],
+)
+async def test_huge_json_below_the_size_limit_is_handled(
+    client: tuple[httpx.AsyncClient, list[Any]], data: Any
+) -> None:
+    c, seen = client
+    body = json.dumps({"type": "bulk", "data": data}, ensure_ascii=False).encode()
+    assert 900_000 < len(body) <= 1024 * 1024
+    first = await post(c, "msg_huge", body)
+    assert first.status_code == 200, first.text
+    assert seen[0]["data"] == data
+    again = await post(c, "msg_huge", body)
+    assert (again.status_code, again.content) == (200, first.content)
+    assert again.headers["idempotent-replayed"] == "true"
