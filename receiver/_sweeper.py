@@ -69,7 +69,8 @@ async def sweep(
 ) -> SweepReport:
     """One pass: recover stale in-flight receipts (``batch`` at a time, up to ``max_batches``
     batches), then delete expired ones (``delete_batch`` at a time) for at most ``budget``
-    seconds."""
+    seconds. Expiry and leases are judged at ``now`` (the statements take None as the
+    database's own clock)."""
     deadline = time.monotonic() + budget
     tally: collections.Counter[str] = collections.Counter()
     for _ in range(max_batches):
@@ -82,7 +83,7 @@ async def sweep(
             break
         if time.monotonic() >= deadline:
             break
-    deleted = await _delete_expired(store, now, now - retention, delete_batch, deadline)
+    deleted = await _delete_expired(store, now, retention, delete_batch, deadline)
     return SweepReport(
         tally["recovered"], tally["failed"], tally["released"], tally["skipped"], deleted
     )
@@ -124,7 +125,7 @@ async def _recover(
 
 
 async def _delete_expired(
-    store: Store, now: float, dead_before: float, batch: int, deadline: float
+    store: Store, now: float | None, retention: float, batch: int, deadline: float
 ) -> int:
     """Delete expired receipts, one batch per statement, until a batch comes back short (the
     backlog is done) or the deadline passes. Each batch commits on its own, so row locks are
@@ -132,7 +133,7 @@ async def _delete_expired(
     deleted = 0
     while True:
         async with store.acquire() as conn:
-            rows = await conn.run_all("delete_expired", now, dead_before, batch)
+            rows = await conn.run_all("delete_expired", now, retention, batch)
         gone = sum(int(row["n"]) for row in rows)
         deleted += gone
         if gone < batch or time.monotonic() >= deadline:

@@ -148,24 +148,27 @@ SELECT provider, webhook_id, state, fence, payload_hash, event_type,
        response_status, response_content_type, response_body, request_body,
        attempts, last_error
 FROM receiver_receipts
-WHERE state = 'in_flight' AND lease_until <= to_timestamp($1)
+WHERE state = 'in_flight' AND lease_until <= COALESCE(to_timestamp($1), clock_timestamp())
 ORDER BY lease_until
 LIMIT $2;
 
 -- name: delete_expired
 -- What expiry means per state (README, "Expiry"): a completed receipt goes when its window ends
 -- ($1); a dead letter (failed, or released after a failed attempt) stays for the retention
--- after its window ($2 is now minus the retention), as the evidence an operator needs; an
+-- after its window ($2), as the evidence an operator needs; an
 -- in-flight receipt is never deleted (its work is unfinished: the sweeper recovers it first).
--- One batch of at most $3 rows, with its attempts. SKIP LOCKED: concurrent sweepers (several
+-- $1 NULL: the database's clock. $2: the retention, seconds. One batch of at most $3 rows, with
+-- its attempts. SKIP LOCKED: concurrent sweepers (several
 -- replicas) take disjoint batches instead of waiting on each other's row locks, and never on a
 -- row a delivery is reclaiming. Keyed deletes and data-modifying CTEs, as distributed
 -- PostgreSQL-compatible databases support them (no ctid).
 WITH doomed AS (
     SELECT provider, webhook_id FROM receiver_receipts
-    WHERE expires_at <= to_timestamp($1)
+    WHERE expires_at <= COALESCE(to_timestamp($1), clock_timestamp())
       AND (state = 'completed'
-           OR (state IN ('failed', 'released') AND expires_at <= to_timestamp($2)))
+           OR (state IN ('failed', 'released')
+               AND expires_at <= COALESCE(to_timestamp($1), clock_timestamp())
+                                 - $2::float8 * interval '1 second'))
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 ), gone AS (

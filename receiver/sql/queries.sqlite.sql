@@ -108,20 +108,23 @@ SELECT provider, webhook_id, state, fence, payload_hash, event_type,
        response_status, response_content_type, response_body, request_body,
        attempts, last_error
 FROM receiver_receipts
-WHERE state = 'in_flight' AND lease_until <= ?1
+WHERE state = 'in_flight'
+  AND lease_until <= COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0)
 ORDER BY lease_until
 LIMIT ?2;
 
 -- name: delete_expired
--- What expiry means per state: see queries.postgresql.sql. One batch of at most ?3 rows; one
+-- What expiry means per state: see queries.postgresql.sql (?1 NULL: the database's clock; ?2:
+-- the retention, seconds). One batch of at most ?3 rows; one
 -- row (n = 1) per receipt deleted. Their attempts go with delete_orphan_attempts (SQLite has no
 -- data-modifying CTE); SQLite's single writer means no concurrent sweeper to skip.
 DELETE FROM receiver_receipts
 WHERE (provider, webhook_id) IN (
     SELECT provider, webhook_id FROM receiver_receipts
-    WHERE expires_at <= ?1
+    WHERE expires_at <= COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0)
       AND (state = 'completed'
-           OR (state IN ('failed', 'released') AND expires_at <= ?2))
+           OR (state IN ('failed', 'released')
+               AND expires_at <= COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0) - ?2))
     LIMIT ?3
 )
 RETURNING 1 AS n;

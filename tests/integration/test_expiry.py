@@ -4,6 +4,8 @@ kept for the retention after its window; an in-flight receipt is never deleted u
 
 from __future__ import annotations
 
+import time
+
 import httpx
 
 from receiver import Store
@@ -119,3 +121,21 @@ async def test_a_pass_that_recovers_a_few_deletes_none_of_the_rest(store: Store)
         pass
     assert len(runs) == 30
     assert await effects(store) == 30
+
+
+async def test_without_a_time_the_statements_use_the_databases_clock(store: Store) -> None:
+    """``now`` NULL: expiry and leases judged by the database's clock (DESIGN.md: never by each
+    replica's own), as the ledger's other statements do."""
+    real = time.time()
+    done = ledger.StoredResponse(200, "application/json", b"{}")
+    for webhook_id, claimed in (("msg_old", real - 7200), ("msg_new", real)):
+        body = body_of("order.created", id=webhook_id)
+        await dead_claim(store, webhook_id, body, claimed)  # window 3600 s, lease 60 s
+    async with store.acquire() as conn:
+        stale = await conn.run_all("stale", None, 10)
+        assert [r["webhook_id"] for r in stale] == ["msg_old"]
+        await ledger.complete(conn, Key(PROVIDER, "msg_old"), 1, done, real)
+        await ledger.complete(conn, Key(PROVIDER, "msg_new"), 1, done, real)
+        rows = await conn.run_all("delete_expired", None, DEAD_LETTER_RETENTION, 10)
+    assert sum(r["n"] for r in rows) == 1
+    assert await states(store) == {"msg_new": "completed"}
