@@ -6,7 +6,7 @@ so it must tell every two distinct payloads apart and none of a payload's re-ser
 Two corners of the fast parser (orjson) break that:
 
 - integers beyond 64 bits come back as floats, so two different amounts hash equal. A cheap
-  look for a run of 19 or more digits sends such bodies to the standard library's exact parser;
+  look for a long run of digits sends such bodies to the standard library's exact parser;
 - a payload nested deeper than orjson serializes (254 levels) cannot be normalized at all. It is
   an invalid payload (400, recorded), like a body that is not JSON.
 """
@@ -25,8 +25,15 @@ import orjson
 # (PostgreSQL text cannot even hold NUL).
 _EVENT_TYPE = re.compile(r"[^\x00-\x1f\x7f]{1,255}")
 
-# Every integer outside orjson's exact range (-2**63 .. 2**64-1) has at least 19 digits.
-_LONG_DIGITS = re.compile(rb"\d{19,}")
+# Every integer outside orjson's exact range (-2**63 .. 2**64-1) has 20 digits or more, or is
+# negative with 19. Looked for in the body with every digit mapped to "0", "-" kept and every
+# other byte a space: two passes in C, about 2 us for 1 KB, where a regular expression takes
+# 25 us. Positive 19-digit ids (snowflakes) stay on the fast path.
+_DIGITS = bytes(
+    0x30 if 0x30 <= byte <= 0x39 else byte if byte == 0x2D else 0x20 for byte in range(256)
+)
+_LONG = b"0" * 20
+_LONG_NEGATIVE = b"-" + b"0" * 19
 
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
 
@@ -53,7 +60,8 @@ def parse(body: bytes, event_type: str | None) -> Parsed:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError:
         return _invalid(None, body, "the body is not valid JSON")
-    exact = _LONG_DIGITS.search(body) is not None
+    shape = body.translate(_DIGITS)
+    exact = _LONG in shape or _LONG_NEGATIVE in shape
     if exact:
         # orjson accepted it, so it is strict JSON; read it again with exact integers.
         payload = json.loads(body)

@@ -298,7 +298,7 @@ class Pipeline:
         response = error(
             503,
             "store_unavailable",
-            _UNAVAILABLE[exc.kind] if exc.kind in _UNAVAILABLE else _UNAVAILABLE["unavailable"],
+            _UNAVAILABLE.get(exc.kind, _UNAVAILABLE["unavailable"]),
             {"retry-after": str(self.retry_after)},
         )
         return Reply(response, Outcome.STORE_UNAVAILABLE, detail=exc.kind)
