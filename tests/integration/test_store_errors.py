@@ -117,7 +117,10 @@ async def test_a_revoked_role_is_503_with_the_grant_to_run(
     try:
         await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
         await admin.execute(f'CREATE ROLE "{role}" LOGIN')
-        await admin.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON {tables} TO "{role}"')
+        # SELECT on every table (the ledger's, and any bookkeeping of the schema's version),
+        # the writes on the ledger's.
+        await admin.execute(f'GRANT SELECT ON ALL TABLES IN SCHEMA public TO "{role}"')
+        await admin.execute(f'GRANT INSERT, UPDATE, DELETE ON {tables} TO "{role}"')
         url = database.replace("postgres@", f"{role}@", 1)
         assert url != database
         rx = receiver(url)
@@ -165,7 +168,27 @@ async def test_an_unknown_role_is_503(pg_admin_url: str, caplog: pytest.LogCaptu
         await refused(rx, caplog, "misconfigured", "refused the role", "msg_1")
 
 
-async def test_a_database_without_the_tables_says_run_receiver_migrate(
+async def test_tables_dropped_while_serving_say_run_receiver_migrate(
+    database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    rx = receiver(database)
+    async with rx:
+        assert (await deliver(rx, "msg_before")).status_code == 200
+        admin = await asyncpg.connect(database)
+        try:
+            await admin.execute("DROP TABLE receiver_receipts, receiver_attempts")
+        finally:
+            await admin.close()
+        await refused(rx, caplog, "misconfigured", "run `receiver migrate`", "msg_after")
+        assert rx.metrics is not None
+        delivered = rx.metrics.registry.get_sample_value(
+            "receiver_deliveries_total",
+            {"provider": PROVIDER, "outcome": "store_unavailable", "reason": ""},
+        )
+        assert delivered == 1
+
+
+async def test_starting_without_the_tables_says_run_receiver_migrate(
     pg_admin_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     name = f"receiver_unmigrated_{PID}"
@@ -175,12 +198,6 @@ async def test_a_database_without_the_tables_says_run_receiver_migrate(
         async with rx:
             assert any("receiver migrate" in line for line in alerts(caplog))  # at start-up
             await refused(rx, caplog, "misconfigured", "run `receiver migrate`", "msg_1")
-            assert rx.metrics is not None
-            delivered = rx.metrics.registry.get_sample_value(
-                "receiver_deliveries_total",
-                {"provider": PROVIDER, "outcome": "store_unavailable", "reason": ""},
-            )
-            assert delivered == 1
     finally:
         await pgcluster.drop_database(pg_admin_url, name)
 
