@@ -11,6 +11,8 @@ from ._exceptions import (
     ReceiverError,
     SchemaOutdated,
     StoreError,
+    StoreMisconfigured,
+    StoreReadOnly,
     StoreUnavailable,
     VerificationError,
 )
@@ -78,6 +80,8 @@ __all__ = [
     "State",
     "Store",
     "StoreError",
+    "StoreMisconfigured",
+    "StoreReadOnly",
     "StoreUnavailable",
     "StoredResponse",
     "Stripe",

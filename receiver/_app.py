@@ -23,7 +23,7 @@ from ._events import Event
 from ._exceptions import ConfigurationError
 from ._forwarded import TrustedProxies
 from ._handlers import Effects, Handler, HandlerFunc, ReconcileFunc, Registry
-from ._health import observability_routes, reserved_names
+from ._health import check_ready, observability_routes, reserved_names
 from ._logging import get_logger
 from ._metrics import Metrics
 from ._migrations import check_current
@@ -222,6 +222,12 @@ class Receiver:
         await self.store.open()
         # Never serve on an older schema: fail here, naming the missing migrations.
         await check_current(self.store)
+        # Loud at start-up: a missing database, table or privilege, or a read-only standby,
+        # would otherwise show only as 503s once deliveries arrive. Serving starts anyway (the
+        # answer is then 503, which senders retry), so that fixing the store is enough.
+        problem = await check_ready(self.store)
+        if problem is not None:
+            get_logger("receiver").error("ALERT: the store is not ready: %s", problem)
         if self._startup:
             async with self.store.acquire() as conn:
                 for hook in self._startup:

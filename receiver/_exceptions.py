@@ -7,6 +7,8 @@
      |    +-- MalformedRequest     its headers are structurally broken (400)
      +-- StoreError                the ledger could not do what was asked
           +-- StoreUnavailable     the database is unreachable or timed out (503)
+          |    +-- StoreReadOnly        it accepts no writes: a standby, after a failover (503)
+          |    +-- StoreMisconfigured   its database, role, tables or privileges are wrong (503)
           +-- LeaseLost            a newer claim owns the key: the fence moved on
 
 Lower-level errors (asyncpg, sqlite3, OSError, ValueError from decoding) are translated at one
@@ -55,6 +57,23 @@ class StoreError(ReceiverError):
 
 class StoreUnavailable(StoreError):
     """The receipt store is unavailable; the sender should retry later."""
+
+    #: The ``kind`` label of the store-errors metric.
+    kind: str = "unavailable"
+
+
+class StoreReadOnly(StoreUnavailable):
+    """The receipt store is read-only (a standby, after a failover?); the sender should retry
+    later, when the receiver reaches the primary again."""
+
+    kind = "read_only"
+
+
+class StoreMisconfigured(StoreUnavailable):
+    """The receipt store is not set up for the receiver; the message says what to fix. The
+    sender is answered 503 and retries, so nothing is lost while it is fixed."""
+
+    kind = "misconfigured"
 
 
 class LeaseLost(StoreError):

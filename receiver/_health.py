@@ -1,10 +1,11 @@
 """The receiver's own GET routes: ``/healthz``, ``/readyz`` and ``/metrics``.
 
 - ``GET /healthz``: the process is alive and serving. Touches nothing else.
-- ``GET /readyz``: the store answers and its schema is there (the ``schema_ready`` statement
-  reads the receipts table's definition, no row), within 2 seconds; else 503 with
-  ``Retry-After``. A load balancer (Kong's health checks) stops sending deliveries to a replica
-  whose database is gone, instead of collecting 503s from it.
+- ``GET /readyz``: the store answers, its schema is there (the ``schema_ready`` statement
+  reads the receipts table's definition, no row), it accepts writes (not a standby) and the role
+  holds the ledger's privileges, within 2 seconds; else 503 with ``Retry-After`` and what to
+  fix. A load balancer (Kong's health checks) stops sending deliveries to a replica whose
+  database is gone, instead of collecting 503s from it.
 - ``GET /metrics``: Prometheus exposition of the Receiver's registry (receiver/_metrics.py).
 
 They sit beside ``POST /{provider}``, so a provider may not be named like one of them.
@@ -19,7 +20,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from ._exceptions import ConfigurationError, StoreUnavailable
+from ._exceptions import (
+    ConfigurationError,
+    StoreMisconfigured,
+    StoreReadOnly,
+    StoreUnavailable,
+)
 from ._metrics import CONTENT_TYPE, Metrics
 from ._responses import json_response
 from ._store import Store
@@ -46,19 +52,29 @@ def readyz(store: Store, limit: float = 2.0, retry_after: int = 5) -> Callable[.
 
 
 async def check_ready(store: Store, limit: float = 2.0) -> str | None:
-    """None if the store answers with its schema in place, else what is wrong (no secrets:
-    the exception's type, never its text, which may carry a DSN)."""
+    """None if the store answers with its schema in place, writable and with the privileges the
+    ledger needs, else what is wrong and how to fix it (no secrets: never the driver's text,
+    which may carry a DSN)."""
     try:
         async with asyncio.timeout(limit):
             async with store.acquire() as conn:
-                await conn.run("schema_ready")
+                row = await conn.run("schema_ready")
     except TimeoutError:
         return f"the store did not answer within {limit:g} s"
+    except (StoreMisconfigured, StoreReadOnly) as exc:
+        return str(exc)
     except StoreUnavailable:
         return "the store is unavailable"
     except Exception as exc:
         name = type(exc).__name__
         return f"the ledger's schema is missing or unreadable ({name}): run `receiver migrate`"
+    if row is not None and row["read_only"]:
+        return "the store is read-only (a standby, or after a failover): point it at the primary"
+    if row is not None and not row["privileged"]:
+        return (
+            "the store's role lacks privileges on the ledger's tables: GRANT SELECT, INSERT, "
+            "UPDATE, DELETE ON receiver_receipts, receiver_attempts TO the store URL's role"
+        )
     return None
 
 

@@ -73,6 +73,10 @@ EVIDENCE = (
     "reported",
 )
 
+#: The ``kind`` label of deliveries answered 503 because the store failed
+#: (receiver._exceptions.StoreUnavailable and its subclasses).
+STORE_ERRORS = ("unavailable", "read_only", "misconfigured")
+
 #: The ``result`` label of stale leases handled by the sweeper.
 SWEEP_RESULTS = ("recovered", "failed", "released", "skipped")
 
@@ -205,6 +209,21 @@ class Metrics:
             ["provider"],
             registry=r,
         )
+        self.store_errors = Counter(
+            "receiver_store_errors",
+            "Deliveries answered 503 because the store failed, by kind: unavailable, read_only "
+            "(a standby), misconfigured (missing database, role, tables or privileges).",
+            ["provider", "kind"],
+            registry=r,
+        )
+        self.needs_review_receipts = Counter(
+            "receiver_needs_review",
+            "Receipts marked failed for a person to review (an interrupted external handler "
+            "without reconcile, on redelivery or by the sweeper; a provider no longer "
+            "configured).",
+            ["provider"],
+            registry=r,
+        )
         self.stale_leases = Counter(
             "receiver_stale_leases",
             "Stale in-flight receipts handled by the sweeper, by result.",
@@ -246,6 +265,9 @@ class Metrics:
             self.double_executions.labels(provider, evidence)
         for result in SWEEP_RESULTS:
             self.stale_leases.labels(provider, result)
+        for kind in STORE_ERRORS:
+            self.store_errors.labels(provider, kind)
+        self.needs_review_receipts.labels(provider)
         self.key_mismatches.labels(provider)
         self.key_drift.labels(provider)
         self.handler_seconds.labels(provider)
@@ -259,9 +281,15 @@ class Metrics:
         self.delivery_seconds.labels(provider, outcome).observe(seconds)
         if outcome == "payload_mismatch":
             self.key_mismatches.labels(provider).inc()
+        elif outcome == "store_unavailable":
+            kind = check if check in STORE_ERRORS else "unavailable"
+            self.store_errors.labels(provider, kind).inc()
 
     def double_execution(self, provider: str, evidence: str) -> None:
         self.double_executions.labels(provider, evidence).inc()
+
+    def needs_review(self, provider: str) -> None:
+        self.needs_review_receipts.labels(provider).inc()
 
     def swept(self, provider: str, result: str) -> None:
         self.stale_leases.labels(provider, result).inc()

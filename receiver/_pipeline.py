@@ -14,13 +14,11 @@ import enum
 import hashlib
 import logging
 import math
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from starlette.background import BackgroundTask
 from starlette.datastructures import Headers
 from starlette.responses import Response
@@ -29,21 +27,26 @@ from . import _ledger as ledger
 from ._batcher import Batcher
 from ._cache import ReplayCache
 from ._events import Event
-from ._exceptions import LeaseLost, StoreUnavailable, VerificationError
+from ._exceptions import (
+    LeaseLost,
+    StoreMisconfigured,
+    StoreReadOnly,
+    StoreUnavailable,
+    VerificationError,
+)
 from ._handlers import Handler, Registry
 from ._ledger import Claim, Decision, Key, Receipt, State, StoredResponse
 from ._logging import get_logger
 from ._metrics import Metrics
+from ._payload import Parsed, parse
 from ._providers import Provider
+from ._redact import describe, is_driver_error, stack
 from ._responses import IGNORED, encode, error, replay, stored_error
+from ._review import needs_review
 from ._store import Connection, Store
 from ._tracing import annotate, handler_span
 
 logger = get_logger("receiver")
-
-# An event type is a routing key and a stored column: printable, bounded, no control characters
-# (PostgreSQL text cannot even hold NUL).
-_EVENT_TYPE = re.compile(r"[^\x00-\x1f\x7f]{1,255}")
 
 
 class Outcome(enum.StrEnum):
@@ -95,6 +98,14 @@ _NEEDS_REVIEW = StoredResponse(
 )
 
 
+# What a sender is told when the store fails (the fix is for the operator's logs, not for it).
+_UNAVAILABLE = {
+    "unavailable": "the receipt store is unavailable; retry later",
+    "read_only": "the receipt store is read-only (failing over?); retry later",
+    "misconfigured": "the receipt store is misconfigured; retry later",
+}
+
+
 class HandlerAnswered(Exception):
     """A handler answered 5xx (or 429): roll back and release, never store it as the truth.
     Its name and message are what ``receiver failed`` shows as the attempt's error."""
@@ -104,35 +115,6 @@ class HandlerAnswered(Exception):
             f"HTTP {response.status}, not stored: the claim was released for the sender's retry"
         )
         self.response = response
-
-
-@dataclass(frozen=True, slots=True)
-class Parsed:
-    payload: Any
-    event_type: str
-    payload_hash: bytes
-    problem: str | None = None
-
-
-def parse(body: bytes, event_type: str | None) -> Parsed:
-    """Parse the verified body once. The hash is of the normalized payload (sorted keys, no
-    insignificant whitespace), so a re-serialized redelivery still matches its receipt."""
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return Parsed(None, "", hashlib.sha256(body).digest(), "the body is not valid JSON")
-    if event_type is None:
-        event_type = payload.get("type") if isinstance(payload, dict) else None
-        if not isinstance(event_type, str) or not _EVENT_TYPE.fullmatch(event_type):
-            return Parsed(
-                payload,
-                "",
-                hashlib.sha256(body).digest(),
-                'the body must be a JSON object with a "type": a string of 1-255 characters '
-                "without control characters",
-            )
-    normalized = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
-    return Parsed(payload, event_type, hashlib.sha256(normalized).digest())
 
 
 @dataclass(slots=True)
@@ -358,13 +340,16 @@ class Pipeline:
         return _Job(claim, parsed, handlers, event, now)
 
     def _unavailable(self, exc: StoreUnavailable) -> Reply:
+        if isinstance(exc, StoreMisconfigured | StoreReadOnly):
+            # Not a blip that passes by itself: say what to fix, on every delivery it refuses.
+            logger.error("ALERT: delivery refused with 503: %s", exc)
         response = error(
             503,
             "store_unavailable",
-            "the receipt store is unavailable; retry later",
+            _UNAVAILABLE.get(exc.kind, _UNAVAILABLE["unavailable"]),
             {"retry-after": str(self.retry_after)},
         )
-        return Reply(response, Outcome.STORE_UNAVAILABLE, detail=str(exc))
+        return Reply(response, Outcome.STORE_UNAVAILABLE, detail=exc.kind)
 
     async def _claim_and_run(self, job: _Job) -> Reply:
         """Claim the key (one connection, one statement in the common case), then run."""
@@ -661,14 +646,19 @@ class Pipeline:
         (on a connection of its own: the handlers' may be broken) so that the sender's retry
         runs them again, and keep the error. Only if the release cannot reach the store is the
         answer 503."""
-        # NUL cannot be stored in PostgreSQL text; the message is for people anyway.
-        message = f"{type(exc).__name__}: {exc}".replace("\x00", "\\x00")[:2000]
-        logger.error(
-            "handler failed; claim released",
-            extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
-            # The exception itself: this runs after its except block has ended.
-            exc_info=None if isinstance(exc, HandlerAnswered) else exc,
-        )
+        # A driver's text carries payload values: described without them, and logged with the
+        # stack only (issue 14 item 12).
+        message = describe(exc)
+        where = {"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence}
+        if is_driver_error(exc):
+            logger.error("handler failed; claim released: %s\n%s", message, stack(exc), extra=where)
+        else:
+            logger.error(
+                "handler failed; claim released",
+                extra=where,
+                # The exception itself: this runs after its except block has ended.
+                exc_info=None if isinstance(exc, HandlerAnswered) else exc,
+            )
         async with self.store.acquire() as conn:
             await ledger.release(conn, key, fence, message, self.store.now())
         if isinstance(exc, HandlerAnswered) and exc.response.status == 429:
@@ -686,11 +676,14 @@ class Pipeline:
             return self._in_flight(receipt)
         externals = [h for h in job.handlers if h.effects == "external"]
         if any(h.reconcile is None for h in externals):
-            logger.error(
-                "ALERT: interrupted external handler has no reconcile(); receipt marked failed",
-                extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
+            reason = (
+                "an attempt of an external handler without reconcile() was interrupted: it may "
+                "or may not have acted; check the outside system, then `receiver replay`"
             )
-            await self._complete(key, fence, _NEEDS_REVIEW, State.FAILED)
+            async with self.store.acquire() as conn:
+                await needs_review(
+                    conn, key, fence, _NEEDS_REVIEW, reason, self.store.now(), self.metrics
+                )
             return Reply(replay(_NEEDS_REVIEW, replayed=False), Outcome.NEEDS_REVIEW, fence)
         async with self.store.lazy() as conn:
             event = _with_fence(job.event, fence, self._extender(conn, key, fence))

@@ -10,7 +10,7 @@ from typing import Any
 
 import asyncpg
 
-from ._exceptions import StoreUnavailable
+from ._exceptions import StoreMisconfigured, StoreReadOnly, StoreUnavailable
 from ._store import Connection, Row, Store
 
 # SQLSTATE classes that mean "the database is not there right now", not "your query is wrong":
@@ -32,6 +32,42 @@ def is_unavailable(exc: BaseException) -> bool:
     )
 
 
+# SQLSTATEs (or their classes) that mean the receiver's database is not set up for it, with what
+# to do. Only the ledger's own statements and connecting are classified so: the same error from
+# a handler's own query is the handler's failure (DESIGN.md: only the store's failures are 503).
+_MISCONFIGURED = (
+    ("3D000", "the database does not exist: create it, then run `receiver migrate`"),
+    ("28", "the server refused the role (unknown role or wrong password): fix the store URL"),
+    ("42P01", "the ledger's tables are missing: run `receiver migrate`"),
+    ("42703", "the ledger's tables are out of date: run `receiver migrate`"),
+    (
+        "42501",
+        "the role lacks privileges on the ledger's tables: GRANT SELECT, INSERT, UPDATE, DELETE "
+        "ON receiver_receipts, receiver_attempts TO the store URL's role",
+    ),
+)
+_READ_ONLY = "25006"  # read_only_sql_transaction: a standby, or a primary demoted by a failover
+
+
+def classify(exc: BaseException) -> StoreUnavailable | None:
+    """The store error a driver error stands for, or None if it is no store failure. Messages
+    carry the SQLSTATE and the fix, never the driver's text (it may hold values or a DSN)."""
+    if isinstance(exc, asyncpg.PostgresError):
+        state = str(exc.sqlstate or "")
+        if state == _READ_ONLY:
+            return StoreReadOnly(
+                f"PostgreSQL is read-only (SQLSTATE {state}): the store URL reaches a standby, "
+                "or the primary failed over; point it at the primary (target_session_attrs="
+                "read-write)"
+            )
+        for prefix, fix in _MISCONFIGURED:
+            if state.startswith(prefix):
+                return StoreMisconfigured(f"PostgreSQL: {fix} (SQLSTATE {state})")
+    if is_unavailable(exc):
+        return StoreUnavailable(f"PostgreSQL unavailable: {type(exc).__name__}")
+    return None
+
+
 @contextlib.contextmanager
 def _translated() -> Any:
     try:
@@ -39,6 +75,20 @@ def _translated() -> Any:
     except BaseException as exc:
         if is_unavailable(exc):
             raise StoreUnavailable(f"PostgreSQL unavailable: {type(exc).__name__}") from exc
+        raise
+
+
+@contextlib.contextmanager
+def _classified() -> Any:
+    """Around the ledger's own statements and connecting: every store failure, classified."""
+    try:
+        yield
+    except StoreUnavailable:
+        raise
+    except BaseException as exc:
+        error = classify(exc)
+        if error is not None:
+            raise error from exc
         raise
 
 
@@ -51,6 +101,14 @@ class PostgresConnection(Connection):
 
     def _raw(self) -> asyncpg.Connection:
         return self._conn
+
+    async def run(self, name: str, *args: Any) -> Row | None:
+        with _classified():
+            return await super().run(name, *args)
+
+    async def run_all(self, name: str, *args: Any) -> list[Row]:
+        with _classified():
+            return await super().run_all(name, *args)
 
     async def _execute(self, query: str, *args: Any) -> None:
         with _translated():
@@ -173,7 +231,7 @@ class PostgresStore(Store):
         if self._pool is None:
             await self.open()
         assert self._pool is not None
-        with _translated():
+        with _classified():
             conn = await self._pool.acquire(timeout=self._acquire_timeout)
         try:
             yield PostgresConnection(conn)

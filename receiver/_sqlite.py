@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 import sqlite3
 import time
@@ -23,12 +24,28 @@ from ._exceptions import StoreUnavailable
 from ._migrations import apply_if_missing
 from ._store import Connection, Row, Store
 
-# "$1" -> "?1": handlers write PostgreSQL-style placeholders on every store.
-_PLACEHOLDER = re.compile(r"\$(\d+)")
+# "$1" -> "?1": handlers write PostgreSQL-style placeholders on every store. Only outside string
+# literals, quoted identifiers and comments, which are matched whole first: 'price: $2 off'
+# stays as written, as it does on PostgreSQL.
+_TOKENS = re.compile(
+    r"'(?:[^']|'')*'"  # a string literal ('' is an escaped quote)
+    r'|"(?:[^"]|"")*"'  # a quoted identifier
+    r"|`(?:[^`]|``)*`|\[[^\]]*\]"  # SQLite's other identifier quotes
+    r"|--[^\n]*|/\*.*?(?:\*/|\Z)"  # comments
+    r"|\$(\d+)",  # a placeholder
+    re.DOTALL,
+)
 
 
+def _placeholder(match: re.Match[str]) -> str:
+    number = match.group(1)
+    return match.group(0) if number is None else f"?{number}"
+
+
+@functools.lru_cache(maxsize=1024)
 def translate(query: str) -> str:
-    return _PLACEHOLDER.sub(r"?\1", query)
+    """The query with PostgreSQL's ``$N`` placeholders as SQLite's ``?N``."""
+    return _TOKENS.sub(_placeholder, query) if "$" in query else query
 
 
 def _is_unavailable(exc: sqlite3.Error) -> bool:

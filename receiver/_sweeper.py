@@ -2,28 +2,46 @@
 
 One pass (:func:`sweep`) recovers stale in-flight receipts that nobody redelivers, exactly as a
 redelivery would (transactional handlers run again under the next fence; external ones are
-reconciled or marked failed), then deletes expired receipts in bounded batches. Passes are safe
-to run concurrently from several replicas: every takeover is a compare-and-set on the fence, and
-deleting a row twice deletes it once.
+reconciled or marked failed), then deletes expired receipts in batches until the backlog is gone
+or the pass's time budget is spent. Passes are safe to run concurrently from several replicas:
+every takeover is a compare-and-set on the fence, and on PostgreSQL each deletion batch skips
+the rows another sweeper has locked, so replicas add capacity instead of queueing.
+
+Expiry by state: a completed receipt is deleted when its window ends; a dead letter (failed, or
+released after a failed attempt) is kept for ``retention`` after its window, as evidence for an
+operator; an in-flight receipt is never deleted (it is recovered first, like any stale one).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import random
-from collections.abc import Awaitable, Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from . import _ledger as ledger
 from ._exceptions import StoreUnavailable
-from ._ledger import Key, Receipt, State
+from ._ledger import Key, Receipt
 from ._logging import get_logger
 from ._pipeline import Outcome, Pipeline
 from ._providers import Provider
+from ._redact import describe, is_driver_error, stack
 from ._responses import stored_error
-from ._store import Store
+from ._review import needs_review
+from ._store import Row, Store
 
 logger = get_logger("receiver.sweeper")
+
+#: How long a dead letter (failed, or released after a failed attempt) outlives its window.
+DEAD_LETTER_RETENTION = 7 * 24 * 3600.0
+
+#: Rows per deletion batch: one statement, one short transaction (a few tens of milliseconds).
+DELETE_BATCH = 5000
+
+#: Seconds one pass may spend deleting before it leaves the rest to the next pass.
+DELETE_BUDGET = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,57 +63,100 @@ async def sweep(
     now: float | None,
     batch: int = 100,
     max_batches: int = 10,
+    delete_batch: int = DELETE_BATCH,
+    budget: float = DELETE_BUDGET,
+    retention: float = DEAD_LETTER_RETENTION,
 ) -> SweepReport:
-    recovered = failed = released = skipped = deleted = 0
-    async with store.acquire() as conn:
-        rows = await conn.run_all("stale", now, batch)
+    """One pass: recover stale in-flight receipts (``batch`` at a time, up to ``max_batches``
+    batches), then delete expired ones (``delete_batch`` at a time) for at most ``budget``
+    seconds. Expiry and leases are judged at ``now`` (the statements take None as the
+    database's own clock)."""
+    deadline = time.monotonic() + budget
+    tally: collections.Counter[str] = collections.Counter()
+    for _ in range(max_batches):
+        async with store.acquire() as conn:
+            rows = await conn.run_all("stale", now, batch)
+        skipped = tally["skipped"]
+        await _recover(store, pipeline, providers, rows, now, tally)
+        # A batch that was all taken over by others, or short, or late: the rest can wait.
+        if len(rows) < batch or tally["skipped"] - skipped == len(rows):
+            break
+        if time.monotonic() >= deadline:
+            break
+    deleted = await _delete_expired(store, now, retention, delete_batch, deadline)
+    return SweepReport(
+        tally["recovered"], tally["failed"], tally["released"], tally["skipped"], deleted
+    )
+
+
+async def _recover(
+    store: Store,
+    pipeline: Pipeline,
+    providers: Mapping[str, Provider],
+    rows: Sequence[Row],
+    now: float | None,
+    tally: collections.Counter[str],
+) -> None:
     for row in rows:
         key = Key(row["provider"], row["webhook_id"])
         receipt = Receipt.from_row(key, row)
         provider = providers.get(key.provider)
         if provider is None:
-            if await _fail(store, receipt, now, "its provider is no longer configured"):
-                failed += 1
-                _count(pipeline, key.provider, "failed")
-            else:
-                skipped += 1
-                _count(pipeline, key.provider, "skipped")
+            took = await _fail(
+                store, pipeline, receipt, now, "its provider is no longer configured"
+            )
+            _count(pipeline, tally, key.provider, "failed" if took else "skipped")
             continue
         reply = await pipeline.recover(provider, receipt)
         if reply is None or reply.outcome in (Outcome.IN_FLIGHT, Outcome.LEASE_LOST):
-            skipped += 1
-            _count(pipeline, key.provider, "skipped")
+            _count(pipeline, tally, key.provider, "skipped")
             continue
         if reply.outcome is Outcome.HANDLER_FAILED:
-            released += 1
-            _count(pipeline, key.provider, "released")
+            _count(pipeline, tally, key.provider, "released")
         elif reply.outcome is Outcome.NEEDS_REVIEW:
-            failed += 1
-            _count(pipeline, key.provider, "failed")
+            _count(pipeline, tally, key.provider, "failed")
         else:
-            recovered += 1
-            _count(pipeline, key.provider, "recovered")
+            _count(pipeline, tally, key.provider, "recovered")
         logger.warning(
             "stale receipt swept: %s",
             reply.outcome.value,
             extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": reply.fence},
         )
-    for _ in range(max_batches):
-        async with store.acquire() as conn, conn.transaction():
-            gone = await conn.run_all("delete_expired", now, batch)
-            await conn.run_all("delete_orphan_attempts", batch * 10)
-        deleted += len(gone)
-        if len(gone) < batch:
+
+
+async def _delete_expired(
+    store: Store, now: float | None, retention: float, batch: int, deadline: float
+) -> int:
+    """Delete expired receipts, one batch per statement, until a batch comes back short (the
+    backlog is done) or the deadline passes. Each batch commits on its own, so row locks are
+    held for one batch only and deliveries never wait long behind the sweeper."""
+    deleted = 0
+    while True:
+        async with store.acquire() as conn:
+            rows = await conn.run_all("delete_expired", now, retention, batch)
+        gone = sum(int(row["n"]) for row in rows)
+        deleted += gone
+        if gone < batch or time.monotonic() >= deadline:
             break
-    return SweepReport(recovered, failed, released, skipped, deleted)
+    # Attempts whose receipt is gone: SQLite's batches leave them; PostgreSQL's take them along,
+    # and there the anti-join would read the whole receipts table on every pass.
+    while store.dialect == "sqlite" and time.monotonic() < deadline:
+        async with store.acquire() as conn:
+            orphans = await conn.run_all("delete_orphan_attempts", batch)
+        if len(orphans) < batch:
+            break
+    return deleted
 
 
-def _count(pipeline: Pipeline, provider: str, result: str) -> None:
+def _count(pipeline: Pipeline, tally: collections.Counter[str], provider: str, result: str) -> None:
+    tally[result] += 1
     if pipeline.metrics is not None:
         pipeline.metrics.swept(provider, result)
 
 
-async def _fail(store: Store, receipt: Receipt, now: float | None, reason: str) -> bool:
+async def _fail(
+    store: Store, pipeline: Pipeline, receipt: Receipt, now: float | None, reason: str
+) -> bool:
     """Mark a stale receipt failed under the next fence; False if someone else took it."""
     async with store.acquire() as conn:
         claim = ledger.Claim(
@@ -110,13 +171,8 @@ async def _fail(store: Store, receipt: Receipt, now: float | None, reason: str) 
         fence = await ledger.reclaim(conn, claim, receipt.fence)
         if fence is None:
             return False
-        logger.error(
-            "ALERT: stale receipt marked failed: %s",
-            reason,
-            extra={"provider": receipt.key.provider, "webhook_id": receipt.key.webhook_id},
-        )
         answer = stored_error(422, "unrecoverable", reason)
-        await ledger.complete(conn, receipt.key, fence, answer, now, state=State.FAILED)
+        await needs_review(conn, receipt.key, fence, answer, reason, now, pipeline.metrics)
         return True
 
 
@@ -131,5 +187,8 @@ async def sweep_forever(
             await run_once()
         except StoreUnavailable as exc:
             logger.warning("sweep skipped: store unavailable (%s)", exc)
-        except Exception:
-            logger.exception("sweep failed")
+        except Exception as exc:
+            if is_driver_error(exc):  # its text may carry a receipt's values: never logged
+                logger.error("sweep failed: %s\n%s", describe(exc), stack(exc))
+            else:
+                logger.exception("sweep failed")

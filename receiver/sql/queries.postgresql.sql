@@ -119,6 +119,14 @@ VALUES ($1, $2, $3, COALESCE(to_timestamp($4::float8), statement_timestamp()), $
 ON CONFLICT (provider, webhook_id, fence)
 DO UPDATE SET failed_at = EXCLUDED.failed_at, error = EXCLUDED.error;
 
+-- name: note_failure
+-- A receipt marked failed for review keeps its reason, counted as an attempt (fenced).
+UPDATE receiver_receipts
+SET attempts = attempts + 1,
+    last_error = $4
+WHERE provider = $1 AND webhook_id = $2 AND fence = $3
+RETURNING fence;
+
 -- name: list_attempts
 SELECT fence, extract(epoch FROM failed_at)::float8 AS failed_at, error
 FROM receiver_attempts
@@ -140,7 +148,18 @@ WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state = 'in_flight'
 RETURNING fence;
 
 -- name: schema_ready
-SELECT count(*) AS n FROM receiver_receipts WHERE false;
+-- For /readyz: the tables are there (reading no row), the session can write (not a standby),
+-- and the role holds every privilege the ledger uses.
+SELECT current_setting('transaction_read_only') = 'on' AS read_only,
+       has_table_privilege('receiver_receipts', 'SELECT')
+       AND has_table_privilege('receiver_receipts', 'INSERT')
+       AND has_table_privilege('receiver_receipts', 'UPDATE')
+       AND has_table_privilege('receiver_receipts', 'DELETE')
+       AND has_table_privilege('receiver_attempts', 'SELECT')
+       AND has_table_privilege('receiver_attempts', 'INSERT')
+       AND has_table_privilege('receiver_attempts', 'UPDATE')
+       AND has_table_privilege('receiver_attempts', 'DELETE') AS privileged
+FROM (SELECT count(*) FROM receiver_receipts WHERE false) AS schema;
 
 -- name: stale
 -- In-flight receipts whose lease ran out: their attempt died or stalled (the sweeper's work).
@@ -160,14 +179,36 @@ ORDER BY lease_until
 LIMIT $2;
 
 -- name: delete_expired
--- Bounded, so that the sweeper never holds many row locks for long.
-DELETE FROM receiver_receipts
-WHERE (provider, webhook_id) IN (
+-- What expiry means per state (README, "Expiry"): a completed receipt goes when its window ends
+-- ($1); a dead letter (failed, or released after a failed attempt) stays for the retention
+-- after its window ($2), as the evidence an operator needs; an
+-- in-flight receipt is never deleted (its work is unfinished: the sweeper recovers it first).
+-- $1 NULL: the database's clock. $2: the retention, seconds. One batch of at most $3 rows, with
+-- its attempts. SKIP LOCKED: concurrent sweepers (several
+-- replicas) take disjoint batches instead of waiting on each other's row locks, and never on a
+-- row a delivery is reclaiming. Keyed deletes and data-modifying CTEs, as distributed
+-- PostgreSQL-compatible databases support them (no ctid).
+WITH doomed AS (
     SELECT provider, webhook_id FROM receiver_receipts
     WHERE expires_at <= COALESCE(to_timestamp($1::float8), statement_timestamp())
-    LIMIT $2
+      AND (state = 'completed'
+           OR (state IN ('failed', 'released')
+               AND expires_at <= COALESCE(to_timestamp($1::float8), statement_timestamp())
+                                 - $2::float8 * interval '1 second'))
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM receiver_receipts r
+    USING doomed d
+    WHERE r.provider = d.provider AND r.webhook_id = d.webhook_id
+    RETURNING r.provider, r.webhook_id
+), attempts AS (
+    DELETE FROM receiver_attempts a
+    USING gone g
+    WHERE a.provider = g.provider AND a.webhook_id = g.webhook_id
+    RETURNING 1
 )
-RETURNING provider, webhook_id;
+SELECT count(*) AS n FROM gone;
 
 -- name: delete_orphan_attempts
 DELETE FROM receiver_attempts

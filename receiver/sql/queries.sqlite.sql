@@ -86,6 +86,14 @@ VALUES (?1, ?2, ?3, COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0), ?5)
 ON CONFLICT (provider, webhook_id, fence)
 DO UPDATE SET failed_at = excluded.failed_at, error = excluded.error;
 
+-- name: note_failure
+-- A receipt marked failed for review keeps its reason, counted as an attempt (fenced).
+UPDATE receiver_receipts
+SET attempts = attempts + 1,
+    last_error = ?4
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3
+RETURNING fence;
+
 -- name: list_attempts
 SELECT fence, failed_at, error
 FROM receiver_attempts
@@ -102,7 +110,9 @@ WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
 RETURNING fence;
 
 -- name: schema_ready
-SELECT count(*) AS n FROM receiver_receipts WHERE false;
+-- For /readyz: the tables are there (reading no row). A file is writable or cannot be opened.
+SELECT false AS read_only, true AS privileged
+FROM (SELECT count(*) FROM receiver_receipts WHERE false) AS schema;
 
 -- name: stale
 -- In-flight receipts whose lease ran out: their attempt died or stalled (the sweeper's work).
@@ -112,19 +122,26 @@ SELECT provider, webhook_id, state, fence, payload_hash, event_type,
        response_status, response_content_type, response_body, response_headers, request_body,
        attempts, last_error
 FROM receiver_receipts
-WHERE state = 'in_flight' AND lease_until <= COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0)
+WHERE state = 'in_flight'
+  AND lease_until <= COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0)
 ORDER BY lease_until
 LIMIT ?2;
 
 -- name: delete_expired
--- Bounded, so that the sweeper never holds many row locks for long.
+-- What expiry means per state: see queries.postgresql.sql (?1 NULL: the database's clock; ?2:
+-- the retention, seconds). One batch of at most ?3 rows; one
+-- row (n = 1) per receipt deleted. Their attempts go with delete_orphan_attempts (SQLite has no
+-- data-modifying CTE); SQLite's single writer means no concurrent sweeper to skip.
 DELETE FROM receiver_receipts
 WHERE (provider, webhook_id) IN (
     SELECT provider, webhook_id FROM receiver_receipts
     WHERE expires_at <= COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0)
-    LIMIT ?2
+      AND (state = 'completed'
+           OR (state IN ('failed', 'released')
+               AND expires_at <= COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0) - ?2))
+    LIMIT ?3
 )
-RETURNING provider, webhook_id;
+RETURNING 1 AS n;
 
 -- name: delete_orphan_attempts
 DELETE FROM receiver_attempts

@@ -332,6 +332,7 @@ async def test_stale_leases_and_the_oldest_in_flight_age(store: Store) -> None:
     assert counted(before, after) == {
         "receiver_stale_leases_total{result=recovered}": 1,
         "receiver_stale_leases_total{result=failed}": 1,
+        "receiver_needs_review_total{}": 1,  # what the ReceiverNeedsReview alert reads
     }
     assert value(after, "receiver_oldest_in_flight_age_seconds", provider=PROVIDER) == 0
     assert value(after, "receiver_receipts", provider=PROVIDER, state="completed") == 1
