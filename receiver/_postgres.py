@@ -53,16 +53,16 @@ def classify(exc: BaseException) -> StoreUnavailable | None:
     """The store error a driver error stands for, or None if it is no store failure. Messages
     carry the SQLSTATE and the fix, never the driver's text (it may hold values or a DSN)."""
     if isinstance(exc, asyncpg.PostgresError):
-        state = str(exc.sqlstate or "")
+        state, name = str(exc.sqlstate or ""), type(exc).__name__
         if state == _READ_ONLY:
             return StoreReadOnly(
-                f"PostgreSQL is read-only (SQLSTATE {state}): the store URL reaches a standby, "
-                "or the primary failed over; point it at the primary (target_session_attrs="
-                "read-write)"
+                f"PostgreSQL is read-only ({name}, SQLSTATE {state}): the store URL reaches a "
+                "standby, or the primary failed over; point it at the primary "
+                "(target_session_attrs=read-write)"
             )
         for prefix, fix in _MISCONFIGURED:
             if state.startswith(prefix):
-                return StoreMisconfigured(f"PostgreSQL: {fix} (SQLSTATE {state})")
+                return StoreMisconfigured(f"PostgreSQL: {fix} ({name}, SQLSTATE {state})")
     if is_unavailable(exc):
         return StoreUnavailable(f"PostgreSQL unavailable: {type(exc).__name__}")
     return None
