@@ -27,7 +27,7 @@ import orjson
 from . import _ledger as ledger
 from ._app import DEFAULT_STORE, Receiver
 from ._config import load_config
-from ._exceptions import ConfigurationError, ReceiverError
+from ._exceptions import ConfigurationError, ReceiverError, StoreMisconfigured
 from ._ledger import Key, Receipt
 from ._logging import FORMATS, logging_config
 from ._pipeline import Outcome, Reply
@@ -355,6 +355,12 @@ def _read(store: Store, run: Callable[[], Coroutine[Any, Any, T]]) -> T:
             hint = f"; create the tables first: receiver migrate --store {store.url}"
         raise ReceiverError(
             f"cannot read the receipts in {store.url}: {type(exc).__name__}: {first}{hint}"
+        ) from exc
+    except StoreMisconfigured as exc:
+        # Already classified at the store's boundary, with the fix; name the store to fix.
+        hint = f" --store {store.url}" if "receiver migrate" in str(exc) else ""
+        raise ReceiverError(
+            f"{exc}".replace("receiver migrate`", f"receiver migrate{hint}`")
         ) from exc
 
 
