@@ -1,9 +1,16 @@
 """receiver: receive webhooks so that each event takes effect exactly once."""
 
+from ._actions import Action, ActionResult, Actions, Tool, ToolCall, action_key
+from ._agent_metrics import ActionMetrics
 from ._app import Receiver
 from ._config import Config, ProviderConfig, load_config
 from ._events import Event
 from ._exceptions import (
+    ActionConflict,
+    ActionError,
+    ActionFailed,
+    ActionInProgress,
+    ActionNeedsReview,
     ConfigurationError,
     LeaseLost,
     MalformedRequest,
@@ -46,6 +53,15 @@ __version__ = "0.1.0"
 
 __all__ = [
     "RUN_AGAIN",
+    "Action",
+    "ActionConflict",
+    "ActionError",
+    "ActionFailed",
+    "ActionInProgress",
+    "ActionMetrics",
+    "ActionNeedsReview",
+    "ActionResult",
+    "Actions",
     "Config",
     "ConfigurationError",
     "Connection",
@@ -77,9 +93,12 @@ __all__ = [
     "StoreUnavailable",
     "StoredResponse",
     "Stripe",
+    "Tool",
+    "ToolCall",
     "VerificationError",
     "VerifiedDelivery",
     "Verifier",
+    "action_key",
     "dedup_window",
     "exponential",
     "generate_keypair",

@@ -15,6 +15,7 @@ import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
+from . import _keyed as keyed
 from . import _ledger as ledger
 from ._exceptions import StoreUnavailable
 from ._ledger import Key, Receipt, State
@@ -24,6 +25,10 @@ from ._responses import stored_error
 from ._store import Store
 
 logger = logging.getLogger("receiver.sweeper")
+
+#: Recovers a stale claim of a key that is not a webhook-id (an agent action): one of the
+#: ``result`` values of the stale leases metric.
+Recoverer = Callable[[Receipt], Awaitable[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,13 +50,21 @@ async def sweep(
     now: float | None,
     batch: int = 100,
     max_batches: int = 10,
+    recoverers: Mapping[str, Recoverer] | None = None,
 ) -> SweepReport:
     recovered = failed = released = skipped = deleted = 0
+    results = {"recovered": 0, "failed": 0, "released": 0, "skipped": 0}
     async with store.acquire() as conn:
         rows = await conn.run_all("stale", now, batch)
     for row in rows:
         key = Key(row["provider"], row["webhook_id"])
         receipt = Receipt.from_row(key, row)
+        namespace = keyed.namespace(key.provider)
+        if namespace is not None:
+            # An action or an Idempotency-Key request: its owner recovers it. Never marked
+            # failed here, since an external action must not be judged without its reconcile.
+            results[await _recover_keyed(store, receipt, namespace, recoverers or {})] += 1
+            continue
         provider = providers.get(key.provider)
         if provider is None:
             if await _fail(store, receipt, now, "its provider is no longer configured"):
@@ -87,7 +100,27 @@ async def sweep(
         deleted += len(gone)
         if len(gone) < batch:
             break
-    return SweepReport(recovered, failed, released, skipped, deleted)
+    return SweepReport(
+        recovered + results["recovered"],
+        failed + results["failed"],
+        released + results["released"],
+        skipped + results["skipped"],
+        deleted,
+    )
+
+
+async def _recover_keyed(
+    store: Store, receipt: Receipt, namespace: str, recoverers: Mapping[str, Recoverer]
+) -> str:
+    recover = recoverers.get(namespace)
+    if recover is not None:
+        return await recover(receipt)
+    if namespace == keyed.IDEMPOTENCY:
+        # A request whose answer was never stored: give the key back, so that the client's
+        # retry runs the endpoint again (receiver/_idempotency.py, "after a crash").
+        released = await keyed.release(store, receipt.key, receipt.fence, "lease expired")
+        return "released" if released else "skipped"
+    return "skipped"
 
 
 def _count(pipeline: Pipeline, provider: str, result: str) -> None:
