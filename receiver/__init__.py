@@ -12,6 +12,7 @@ from ._exceptions import (
     ActionInProgress,
     ActionNeedsReview,
     ConfigurationError,
+    InvalidIdempotencyKey,
     LeaseLost,
     MalformedRequest,
     ReceiverError,
@@ -20,6 +21,7 @@ from ._exceptions import (
     VerificationError,
 )
 from ._handlers import Handler
+from ._idempotency import IdempotencyKeyMiddleware, IdempotentRequest, idempotent_request
 from ._ledger import Receipt, State, StoredResponse
 from ._logging import JSONFormatter
 from ._metrics import Metrics
@@ -69,6 +71,9 @@ __all__ = [
     "Event",
     "GitHub",
     "Handler",
+    "IdempotencyKeyMiddleware",
+    "IdempotentRequest",
+    "InvalidIdempotencyKey",
     "JSONFormatter",
     "LeaseLost",
     "MalformedRequest",
@@ -103,6 +108,7 @@ __all__ = [
     "exponential",
     "generate_keypair",
     "generate_secret",
+    "idempotent_request",
     "load_config",
     "sign",
     "sign_github",

@@ -318,7 +318,7 @@ class Actions:
                 left = deadline - loop.time()
                 if left > 0:
                     latest = await self._waiters.wait(self.store, claim.key, left)
-                    if latest is None or not _live(latest) or loop.time() < deadline:
+                    if latest is None or not keyed.live(latest) or loop.time() < deadline:
                         continue
                     receipt = latest
                 raise ActionInProgress(
@@ -522,10 +522,6 @@ class Actions:
 
     def __repr__(self) -> str:
         return f"Actions(store={self.store.url!r}, tools={sorted(self._tools)!r})"
-
-
-def _live(receipt: Receipt) -> bool:
-    return receipt.state is State.IN_FLIGHT and receipt.lease_until > receipt.now
 
 
 def _body(request: Mapping[str, Any]) -> bytes:

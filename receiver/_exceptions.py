@@ -7,6 +7,7 @@
      +-- StoreError                the ledger could not do what was asked
      |    +-- StoreUnavailable     the database is unreachable or timed out (503)
      |    +-- LeaseLost            a newer claim owns the key: the fence moved on
+     +-- InvalidIdempotencyKey     an Idempotency-Key header that cannot be read as one key (400)
      +-- ActionError               an agent action could not be executed as asked
           +-- ActionConflict       its key was used before with another request
           +-- ActionInProgress     another attempt still runs it after the bounded wait
@@ -59,6 +60,10 @@ class StoreUnavailable(StoreError):
 
 class LeaseLost(StoreError):
     """A newer claim owns this key; this attempt's work was rolled back."""
+
+
+class InvalidIdempotencyKey(ReceiverError):
+    """The Idempotency-Key header cannot be read as one key."""
 
 
 class ActionError(ReceiverError):

@@ -101,12 +101,12 @@ class Waiters:
                     async with asyncio.timeout(left):
                         await local.wait()
             receipt = await lookup(store, key)
-            if receipt is None or not _live(receipt) or loop.time() >= deadline:
+            if receipt is None or not live(receipt) or loop.time() >= deadline:
                 return receipt
             # Held by another process: poll, backing off, never past the deadline.
             await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
             pause = min(pause * 2, 0.1)
 
 
-def _live(receipt: Receipt) -> bool:
+def live(receipt: Receipt) -> bool:
     return receipt.state is State.IN_FLIGHT and receipt.lease_until > receipt.now
