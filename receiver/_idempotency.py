@@ -21,6 +21,7 @@ import hashlib
 import inspect
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,9 +31,10 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import _keyed as keyed
+from ._cache import ReplayCache
 from ._exceptions import ConfigurationError, InvalidIdempotencyKey, LeaseLost
 from ._idempotency_key import parse_key
-from ._ledger import Claim, Claimed, Decision, Key, Receipt, StoredResponse, decide
+from ._ledger import Claim, Claimed, Decision, Key, Receipt, State, StoredResponse, decide
 from ._responses import replay
 from ._store import Connection, Store
 
@@ -103,7 +105,8 @@ class IdempotencyKeyMiddleware:
     where a request without a key is 400 (elsewhere it simply passes through). ``ttl``: how
     long a key and its answer are kept (24 h by default, as Stripe does). ``lease``: how long
     a first request may run before a retry may run the endpoint again. ``wait``: how long a
-    concurrent retry waits for the first answer before 409.
+    concurrent retry waits for the first answer before 409. ``replay_cache``: how many stored
+    answers this process keeps to replay without a round trip (0: none).
     """
 
     def __init__(
@@ -120,6 +123,7 @@ class IdempotencyKeyMiddleware:
         wait: float = 0.0,
         max_body_size: int = 1024 * 1024,
         namespace: str = "api",
+        replay_cache: int = 10_000,
     ) -> None:
         if not 0 < lease <= ttl:
             raise ConfigurationError(
@@ -143,6 +147,9 @@ class IdempotencyKeyMiddleware:
         self.max_body_size = max_body_size
         self.provider = f"{keyed.IDEMPOTENCY}:{namespace}"
         self._waiters = keyed.Waiters()
+        # A stored answer never changes until it expires: replays by this process need no
+        # round trip (receiver/_cache.py).
+        self._cache = ReplayCache(replay_cache) if replay_cache > 0 else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in self.methods:
@@ -197,18 +204,24 @@ class IdempotencyKeyMiddleware:
             self.lease,
             self.ttl,
         )
+        arrived = time.time()
+        hit = None if self._cache is None else self._cache.get(claim.key, arrived)
+        if hit is not None:
+            if hit.payload_hash == claim.payload_hash:
+                return replay(hit.response, replayed=True)
+            return self._mismatch()
         for _ in range(100):
             got = await keyed.claim(self.store, claim)
             if isinstance(got, Claimed):
-                return await self._run(scope, send, claim, got.fence, key, principal, body)
+                return await self._run(scope, send, claim, got.fence, key, principal, body, arrived)
             decision = decide(got, claim.payload_hash)
             if decision is Decision.REPLAY:
                 assert got.response is not None
+                if got.state is State.COMPLETED:
+                    self._remember(claim, got.response, arrived + got.expires_at - got.now)
                 return replay(got.response, replayed=True)
             if decision is Decision.MISMATCH:
-                logger.warning("ALERT: Idempotency-Key reused with a different request")
-                detail = "this Idempotency-Key was already used with a different request"
-                return _problem(422, "key-reused", "Idempotency-Key reused", detail)
+                return self._mismatch()
             if decision is Decision.IN_FLIGHT:
                 if self.wait > 0:
                     latest = await self._waiters.wait(self.store, claim.key, self.wait)
@@ -218,7 +231,7 @@ class IdempotencyKeyMiddleware:
                 return self._in_flight(got)
             fence = await keyed.reclaim(self.store, claim, got.fence)
             if fence is not None:
-                return await self._run(scope, send, claim, fence, key, principal, body)
+                return await self._run(scope, send, claim, fence, key, principal, body, arrived)
         return self._in_flight(None)
 
     async def _run(
@@ -230,6 +243,7 @@ class IdempotencyKeyMiddleware:
         key: str,
         principal: str,
         body: bytes,
+        arrived: float,
     ) -> Response | None:
         """Run the endpoint and store its answer in one transaction (joined by the endpoint's
         writes through ``tx``), fenced; then send the answer."""
@@ -275,10 +289,21 @@ class IdempotencyKeyMiddleware:
                 await keyed.release(self.store, claim.key, fence, f"{failure}")
                 if not isinstance(failure, _Unstored) or start is None:
                     raise failure
+            else:
+                self._remember(claim, stored, arrived + self.ttl)
         assert start is not None
         await send(start)  # the first answer, exactly as the endpoint sent it
         await send({"type": "http.response.body", "body": b"".join(chunks)})
         return None
+
+    def _remember(self, claim: Claim, stored: StoredResponse, expires: float) -> None:
+        if self._cache is not None:
+            self._cache.put(claim.key, claim.payload_hash, stored, expires)
+
+    def _mismatch(self) -> Response:
+        logger.warning("ALERT: Idempotency-Key reused with a different request")
+        detail = "this Idempotency-Key was already used with a different request"
+        return _problem(422, "key-reused", "Idempotency-Key reused", detail)
 
     def _in_flight(self, receipt: Receipt | None) -> Response:
         wait = 1 if receipt is None else max(1, math.ceil(receipt.lease_until - receipt.now))

@@ -368,3 +368,31 @@ async def test_any_sf_string_key_is_accepted_and_replayed(
     assert first.status_code == 201, first.text
     assert again.headers["idempotent-replayed"] == "true"
     assert again.content == first.content
+
+
+async def test_two_key_fields_are_400_even_when_equal(
+    client: httpx.AsyncClient, store: Store, shop: Shop
+) -> None:
+    raw = [(b"x-tenant", b"t"), (b"idempotency-key", b'"k-1"'), (b"idempotency-key", b'"k-1"')]
+    is_problem(await client.post("/payments", content=b'{"amount": 5}', headers=raw), 400)
+    combined = [(b"x-tenant", b"t"), (b"idempotency-key", b'"k-1", "k-2"')]
+    is_problem(await client.post("/payments", content=b'{"amount": 5}', headers=combined), 400)
+    assert shop.runs["payments"] == 0
+    assert await keys_stored(store) == 0
+
+
+async def test_another_process_replays_from_the_ledger(kind: str, store: Store, shop: Shop) -> None:
+    """Two middleware instances (two processes' worth of replay cache) share one ledger."""
+    answers = []
+    for _ in range(2):
+        app = build(kind, store, shop)
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://t"
+        ) as c:
+            answers.append(await c.post("/payments", content=b'{"amount": 5}', headers=headers()))
+    first, again = answers
+    assert again.headers["idempotent-replayed"] == "true"
+    assert (again.status_code, again.content) == (first.status_code, first.content)
+    assert again.headers["location"] == first.headers["location"]
+    assert again.headers["content-type"] == first.headers["content-type"]
+    assert shop.runs["payments"] == 1
