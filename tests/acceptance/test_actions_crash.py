@@ -65,7 +65,8 @@ def test_killed_before_commit_runs_once_more_with_one_effect(
     calls = tmp_path / "calls"
     killed_inside_the_tool(store_url, "book", calls)
     assert effects(store_url) == 0
-    assert run(store_url, "book", calls) == {"error": "ActionInProgress"}  # the lease is live
+    # (Within the lease a retry is ActionInProgress: tests/integration/test_actions.py, with a
+    # clock the test controls; a process started here may already be past a short lease.)
     time.sleep(LEASE + 0.5)
     first = run(store_url, "book", calls)
     assert first == {"result": {"booked": "12", "fence": 2}, "replayed": False}

@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Scope
 
-from receiver import IdempotencyKeyMiddleware, Store, idempotent_request
+from receiver import IdempotencyKeyMiddleware, Receiver, Store, idempotent_request
 from tests.support import EFFECTS_DDL, Clock, SimulatedCrash, ledger_clock
 
 
@@ -331,6 +331,9 @@ BAD_KEYS = st.one_of(
     .filter(lambda s: any(ord(c) > 126 for c in s))
     .map(lambda s: s.encode("utf-8")),
     st.text(alphabet=' ,;\\"()[]{}', min_size=1).map(lambda s: ("a" + s + "b").encode()),
+    # Unquoted: a bare token past 255 characters, or half a quoted string.
+    st.text(alphabet="abcdef0123456789-", min_size=256, max_size=400).map(str.encode),
+    st.text(alphabet="abc", min_size=1).map(lambda s: ('"' + s).encode()),
 )
 
 
@@ -396,3 +399,25 @@ async def test_another_process_replays_from_the_ledger(kind: str, store: Store, 
     assert again.headers["location"] == first.headers["location"]
     assert again.headers["content-type"] == first.headers["content-type"]
     assert shop.runs["payments"] == 1
+
+
+async def test_the_sweeper_gives_back_a_key_whose_request_died(
+    kind: str, store: Store, shop: Shop
+) -> None:
+    """A request killed mid-endpoint leaves its key in flight; after the lease the receiver's
+    sweeper gives it back (never marks it failed), and the retry runs the endpoint."""
+    clock = Clock()
+    ledger_clock(store, clock)
+    rx = Receiver(store, clock=clock, sweep_interval=None)
+    app = build(kind, store, shop, lease=30.0)
+    shop.crash = True
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        with pytest.raises(SimulatedCrash):
+            await c.post("/payments", content=b'{"amount": 5}', headers=headers())
+        clock.advance(31)
+        report = await rx.sweep()
+        assert (report.released, report.failed) == (1, 0)
+        retry = await c.post("/payments", content=b'{"amount": 5}', headers=headers())
+    assert retry.status_code == 201
+    assert "idempotent-replayed" not in retry.headers
+    assert await committed(store) == 1
