@@ -304,7 +304,7 @@ class Actions:
         claim = self._claim(tool, action, _body(action.request))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.wait
-        while True:
+        for _ in range(100):  # each pass is one decision by the database; a few in practice
             got = await keyed.claim(self.store, claim)
             if isinstance(got, Claimed):
                 return await self._run(tool, action, got.fence, turn)
@@ -333,6 +333,7 @@ class Actions:
                     self._count_stale(tool, "recovered")
                 return await self._run(tool, action, fence, turn)
             # Another attempt took it over between our read and our update: look again.
+        raise ActionInProgress(f"action {action.key!r} keeps changing hands; retry later")
 
     async def recover(self, receipt: Receipt) -> str:
         """The sweeper's recovery of a stale action claim nobody retries: transactional tools
