@@ -197,6 +197,11 @@ class Actions:
             self.store = target
         else:
             self.store = target.store
+            if keyed.ACTION in target.recoverers:
+                raise ConfigurationError(
+                    "this Receiver already has an action executor: register every tool on that "
+                    "one (one executor per receiver recovers its stale claims)"
+                )
             if registry is None and target.metrics is not None:
                 registry = target.metrics.registry
             # One sweeper for webhooks and actions: stale action claims come back here.

@@ -18,6 +18,7 @@ from receiver import (
     ActionInProgress,
     ActionNeedsReview,
     Actions,
+    ConfigurationError,
     Receiver,
     Store,
     ToolCall,
@@ -346,3 +347,44 @@ async def test_the_receivers_sweeper_recovers_stale_action_claims(store: Store) 
     assert rx.metrics is not None  # the executor's metrics are in the receiver's registry
     labels = {"action": "email", "result": "failed"}
     assert rx.metrics.registry.get_sample_value("receiver_action_stale_claims_total", labels) == 1
+
+
+async def test_a_tool_that_outlives_its_lease_is_fenced_out_and_counted(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = Clock()
+    ledger_clock(store, clock)
+    actions = Actions(store, registry=CollectorRegistry(), lease=30.0, wait=0.0)
+    release_first = asyncio.Event()
+    started = asyncio.Event()
+    runs = 0
+
+    @actions.tool("slow")
+    async def slow(call: ToolCall, tx: Connection) -> Any:
+        nonlocal runs
+        runs += 1
+        if call.fence == 1:
+            started.set()
+            await release_first.wait()  # stalls past its lease
+        return {"fence": call.fence}
+
+    action = actions.propose("slow", scope=TENANT, action_id="s-1", request={})
+    first = asyncio.create_task(actions.execute(action))
+    await started.wait()
+    clock.advance(31)
+    second = await actions.execute(action)  # the lease ran out: taken over with fence 2
+    assert second.value == {"fence": 2}
+    release_first.set()
+    with pytest.raises(ActionInProgress):  # its completion is refused by the fence
+        await first
+    assert runs == 2
+    assert (await actions.execute(action)).body == second.body
+    assert metric(actions, "receiver_action_double_executions_total", action="slow") == 1
+    assert any("ALERT: double execution" in r.getMessage() for r in caplog.records)
+
+
+async def test_one_executor_per_receiver(store: Store) -> None:
+    rx = Receiver(store, sweep_interval=None)
+    Actions(rx)
+    with pytest.raises(ConfigurationError, match="already has an action executor"):
+        Actions(rx)
