@@ -3,7 +3,8 @@
 from ._actions import Action, ActionResult, Actions, Tool, ToolCall, action_key
 from ._agent_metrics import ActionMetrics
 from ._app import Receiver
-from ._config import Config, ProviderConfig, load_config
+from ._config import load_config
+from ._config_model import Config, ProviderConfig
 from ._events import Event
 from ._exceptions import (
     ActionConflict,
@@ -41,7 +42,8 @@ from ._schemes import (
     sign_stripe,
 )
 from ._sqlite import SQLiteStore
-from ._store import Connection, Store, store_from_url
+from ._store import Connection, Store
+from ._store_url import store_from_url
 from ._verification import (
     StandardWebhooks,
     VerifiedDelivery,

@@ -1,6 +1,6 @@
 """One delivery, step by step: verify, parse, claim, decide, run, answer.
 
-This module is the whole behaviour of DESIGN.md "One delivery, step by step". The order is the
+This module is the whole behaviour of README.md "What the sender gets". The order is the
 guarantee: nothing touches the store before verification passes (I5), and no handler runs
 without a claim of its key (I1). Every delivery ends in one :class:`Reply`: the response and
 the :class:`Outcome` that metrics and logs report.
@@ -26,17 +26,20 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 
 from . import _ledger as ledger
+from ._batcher import Batcher
 from ._cache import ReplayCache
 from ._events import Event
 from ._exceptions import LeaseLost, StoreUnavailable, VerificationError
 from ._handlers import Handler, Registry
 from ._ledger import Claim, Decision, Key, Receipt, State, StoredResponse
+from ._logging import get_logger
 from ._metrics import Metrics
 from ._providers import Provider
 from ._responses import IGNORED, encode, error, replay, stored_error
 from ._store import Connection, Store
+from ._tracing import annotate, handler_span
 
-logger = logging.getLogger("receiver")
+logger = get_logger("receiver")
 
 # An event type is a routing key and a stored column: printable, bounded, no control characters
 # (PostgreSQL text cannot even hold NUL).
@@ -92,11 +95,14 @@ _NEEDS_REVIEW = StoredResponse(
 )
 
 
-class _Retryable(Exception):
-    """A handler answered 5xx (or 429): roll back and release, never store it as the truth."""
+class HandlerAnswered(Exception):
+    """A handler answered 5xx (or 429): roll back and release, never store it as the truth.
+    Its name and message are what ``receiver failed`` shows as the attempt's error."""
 
     def __init__(self, response: StoredResponse) -> None:
-        super().__init__(f"handler answered {response.status}")
+        super().__init__(
+            f"HTTP {response.status}, not stored: the claim was released for the sender's retry"
+        )
         self.response = response
 
 
@@ -182,6 +188,13 @@ class Pipeline:
         self.metrics = metrics
         #: Keys whose handlers this process is running now.
         self._running: dict[Key, _Running] = {}
+        # Stores that batch (PostgreSQL) share one statement among concurrent claims, and
+        # among the completions of handlers that never touched tx (receiver/_batcher.py).
+        self._claims: Batcher[Claim, ledger.Claimed | Receipt | None] | None = None
+        self._completions: Batcher[ledger.Completion, bool] | None = None
+        if store.batch_flushes:
+            self._claims = Batcher(self._flush_claims, max_in_flight=store.batch_flushes)
+            self._completions = Batcher(self._flush_completions, max_in_flight=store.batch_flushes)
 
     async def deliver(
         self, provider: Provider, headers: Headers, body: bytes, client: str | None = None
@@ -202,7 +215,7 @@ class Pipeline:
         hit = None if self.cache is None else self.cache.get(key, now)
         if hit is not None and hit.body_hash == hashlib.sha256(body).digest():
             reply = Reply(replay(hit.response, replayed=True), Outcome.REPLAYED)
-            self._report(provider.name, key.webhook_id, None, reply, started, headers)
+            self._report(provider.name, key.webhook_id, hit.event_type, reply, started, headers)
             return reply
         job = self._prepare(
             provider,
@@ -270,7 +283,8 @@ class Pipeline:
         started: float,
         headers: Headers,
     ) -> None:
-        """One log line and the metrics of one decision."""
+        """One log line, the metrics and the trace attributes of one decision."""
+        annotate(webhook_id, event_type)
         _log(provider, webhook_id, event_type, reply, started, headers)
         if self.metrics is not None:
             self.metrics.delivered(
@@ -357,36 +371,33 @@ class Pipeline:
         claim = job.claim
         key = claim.key
         for _ in range(3):
-            async with self.store.acquire() as conn:
-                got = await ledger.claim(conn, claim)
-                if isinstance(got, ledger.Claimed):
-                    job.drift = got.drift
-                    fence: int | None = got.fence
-                else:
-                    receipt = got
-                    decision = ledger.decide(receipt, claim.payload_hash)
-                    if decision is Decision.REPLAY:
-                        assert receipt.response is not None
-                        if receipt.state is State.COMPLETED:
-                            self._remember(job, receipt.response)
-                        return Reply(replay(receipt.response, replayed=True), Outcome.REPLAYED)
-                    if decision is Decision.MISMATCH:
-                        return self._mismatch(key)
-                    if decision is Decision.IN_FLIGHT:
-                        return self._in_flight(receipt)
-                    if decision is Decision.RECOVER and _external(job.handlers):
-                        break
+            got = await self._claim(claim)
+            if isinstance(got, ledger.Claimed):
+                job.drift = got.drift
+                fence: int | None = got.fence
+            else:
+                receipt = got
+                decision = ledger.decide(receipt, claim.payload_hash)
+                if decision is Decision.REPLAY:
+                    assert receipt.response is not None
+                    if receipt.state is State.COMPLETED:
+                        self._remember(job, receipt.response)
+                    return Reply(replay(receipt.response, replayed=True), Outcome.REPLAYED)
+                if decision is Decision.MISMATCH:
+                    return self._mismatch(key)
+                if decision is Decision.IN_FLIGHT:
+                    return self._in_flight(receipt)
+                if decision is Decision.RECOVER and _external(job.handlers):
+                    break
+                async with self.store.acquire() as conn:
                     fence = await ledger.reclaim(conn, claim, receipt.fence)
                     if fence is not None and decision is Decision.RECOVER:
                         logger.warning(
-                            "lease expired (%s/%s, fence %d); running again under fence %d",
-                            key.provider,
-                            key.webhook_id,
-                            receipt.fence,
-                            fence,
+                            "lease expired; running again under a new fence",
                             extra={
                                 "provider": key.provider,
                                 "webhook_id": key.webhook_id,
+                                "event_type": claim.event_type,
                                 "fence": fence,
                             },
                         )
@@ -417,7 +428,9 @@ class Pipeline:
             claim = job.claim
             body_hash = hashlib.sha256(claim.body).digest()
             expires = job.arrived + claim.window
-            self.cache.put(claim.key, claim.payload_hash, response, expires, body_hash)
+            self.cache.put(
+                claim.key, claim.payload_hash, response, expires, body_hash, claim.event_type
+            )
 
     def _in_flight(self, receipt: Receipt) -> Reply:
         return self._busy(receipt.fence, max(1, math.ceil(receipt.lease_until - receipt.now)))
@@ -431,12 +444,83 @@ class Pipeline:
         )
         return Reply(response, Outcome.IN_FLIGHT, fence)
 
-    async def _complete_alone(
-        self, job: _Job, fence: int, stored: StoredResponse, state: State = State.COMPLETED
+    async def _complete(
+        self, key: Key, fence: int, stored: StoredResponse, state: State = State.COMPLETED
     ) -> None:
-        """Complete a receipt whose handlers wrote nothing: one autocommitted statement."""
+        """Complete a receipt whose handlers wrote nothing: one autocommitted statement, or
+        one place in the batcher's next statement. LeaseLost if the fence is stale."""
+        if self._completions is None:
+            async with self.store.acquire() as conn:
+                await ledger.complete(conn, key, fence, stored, self.store.now(), state=state)
+            return
+        if not await self._completions.submit(ledger.Completion(key, fence, stored, state)):
+            raise LeaseLost(f"fence {fence} of {key.provider}/{key.webhook_id} is stale")
+
+    async def _claim(self, claim: Claim) -> ledger.Claimed | Receipt:
+        """Claim the key: one statement of its own, or one place in the batcher's next."""
+        if self._claims is None:
+            async with self.store.acquire() as conn:
+                return await ledger.claim(conn, claim)
+        for _ in range(3):
+            got = await self._claims.submit(claim)
+            if got is not None:
+                return got
+            # Another claim of the same batch won the key, or a concurrent one committed just
+            # after the batch's snapshot: the row is there now.
+            async with self.store.acquire() as conn:
+                existing = await ledger.lookup(conn, claim.key, claim.now)
+            if existing is not None:
+                return existing
+        raise LeaseLost(f"receipt {claim.key.webhook_id!r} kept vanishing while being claimed")
+
+    async def _flush_claims(
+        self, claims: Sequence[Claim]
+    ) -> Sequence[ledger.Claimed | Receipt | BaseException | None]:
         async with self.store.acquire() as conn:
-            await ledger.complete(conn, job.claim.key, fence, stored, self.store.now(), state=state)
+            try:
+                return await ledger.claim_many(conn, claims, self.store.now())
+            except StoreUnavailable:
+                raise
+            except Exception:
+                if len(claims) == 1:
+                    raise
+                logger.exception("batched claim failed; claiming one by one")
+            # One item's problem never fails its neighbours.
+            results: list[ledger.Claimed | Receipt | BaseException | None] = []
+            for claim in claims:
+                try:
+                    results.append(await ledger.claim(conn, claim))
+                except StoreUnavailable:
+                    raise
+                except Exception as exc:
+                    results.append(exc)
+            return results
+
+    async def _flush_completions(
+        self, completions: Sequence[ledger.Completion]
+    ) -> Sequence[bool | BaseException]:
+        async with self.store.acquire() as conn:
+            try:
+                return await ledger.complete_many(conn, completions, self.store.now())
+            except StoreUnavailable:
+                raise
+            except Exception:
+                if len(completions) == 1:
+                    raise
+                logger.exception("batched completion failed; completing one by one")
+            results: list[bool | BaseException] = []
+            for c in completions:
+                try:
+                    now = self.store.now()
+                    await ledger.complete(conn, c.key, c.fence, c.response, now, state=c.state)
+                    results.append(True)
+                except LeaseLost:
+                    results.append(False)
+                except StoreUnavailable:
+                    raise
+                except Exception as exc:
+                    results.append(exc)
+            return results
 
     async def _run(
         self,
@@ -456,10 +540,10 @@ class Pipeline:
             handlers = job.handlers
         if job.parsed.problem is not None:
             final = stored_error(400, "invalid_payload", job.parsed.problem)
-            await self._complete_alone(job, fence, final, State.FAILED)
+            await self._complete(key, fence, final, State.FAILED)
             return Reply(replay(final, replayed=False), Outcome.INVALID, fence)
         if not handlers and answer is None:
-            await self._complete_alone(job, fence, IGNORED)
+            await self._complete(key, fence, IGNORED)
             self._remember(job, IGNORED)
             return Reply(replay(IGNORED, replayed=False), Outcome.IGNORED, fence)
         running = _Running(job.claim.payload_hash, fence, self.clock() + job.claim.lease)
@@ -481,6 +565,7 @@ class Pipeline:
         key = job.claim.key
         finished = False
         failure: Exception | None = None
+        deferred: StoredResponse | None = None  # a completion left to the batcher
         async with self.store.lazy() as tx:
             event = _with_fence(job.event, fence, self._extender(tx, key, fence, running))
             try:
@@ -491,7 +576,12 @@ class Pipeline:
                     result = await self._call(handlers, event, tx)
                     finished = True
                     stored = _final(answer or encode(result), key)
-                    await ledger.complete(tx, key, fence, stored, self.store.now())
+                    if tx.in_transaction:
+                        # The handlers wrote: their writes and the fenced completion commit
+                        # together, or not at all.
+                        await ledger.complete(tx, key, fence, stored, self.store.now())
+                    else:
+                        deferred = stored
             except LeaseLost as exc:
                 failure = exc
             except StoreUnavailable as exc:
@@ -506,14 +596,18 @@ class Pipeline:
                 # A handler's own exception, whatever its type (a downstream timeout, a refused
                 # connection, a driver error of its own making): a handler failure, never 503.
                 failure = exc
+        if failure is None and deferred is not None:
+            # The handlers never touched tx: their completion is one statement of its own,
+            # shared with other deliveries' where the store batches.
+            try:
+                await self._complete(key, fence, deferred)
+            except LeaseLost as exc:
+                failure = exc
         if isinstance(failure, LeaseLost):
             if finished:
                 await self._ran_twice(key, fence, handlers)
             logger.warning(
-                "lease lost: a newer attempt owns %s/%s; fence %d rolled back",
-                key.provider,
-                key.webhook_id,
-                fence,
+                "lease lost: a newer attempt owns this delivery; rolled back",
                 extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
             )
             response = error(
@@ -532,7 +626,8 @@ class Pipeline:
         try:
             result: Any = None
             for handler in handlers:
-                returned = await handler.func(event, conn)
+                with handler_span(handler, event):
+                    returned = await handler.func(event, conn)
                 if returned is not None:
                     result = returned
             return result
@@ -572,11 +667,11 @@ class Pipeline:
             "handler failed; claim released",
             extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
             # The exception itself: this runs after its except block has ended.
-            exc_info=None if isinstance(exc, _Retryable) else exc,
+            exc_info=None if isinstance(exc, HandlerAnswered) else exc,
         )
         async with self.store.acquire() as conn:
             await ledger.release(conn, key, fence, message, self.store.now())
-        if isinstance(exc, _Retryable) and exc.response.status == 429:
+        if isinstance(exc, HandlerAnswered) and exc.response.status == 429:
             return Reply(replay(exc.response, replayed=False), Outcome.HANDLER_FAILED, fence)
         response = error(500, "handler_failed", "the handler failed; retry later")
         return Reply(response, Outcome.HANDLER_FAILED, fence)
@@ -595,7 +690,7 @@ class Pipeline:
                 "ALERT: interrupted external handler has no reconcile(); receipt marked failed",
                 extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
             )
-            await self._complete_alone(job, fence, _NEEDS_REVIEW, State.FAILED)
+            await self._complete(key, fence, _NEEDS_REVIEW, State.FAILED)
             return Reply(replay(_NEEDS_REVIEW, replayed=False), Outcome.NEEDS_REVIEW, fence)
         async with self.store.lazy() as conn:
             event = _with_fence(job.event, fence, self._extender(conn, key, fence))
@@ -683,7 +778,7 @@ def _with_fence(event: Event, fence: int, extend: Callable[[float], Any]) -> Eve
 def _final(stored: StoredResponse, key: Key) -> StoredResponse:
     """Apply the rules for what a handler may answer."""
     if stored.status >= 500 or stored.status == 429:
-        raise _Retryable(stored)
+        raise HandlerAnswered(stored)
     if stored.status == 410:
         # Standard Webhooks senders disable the endpoint on 410: never send it.
         logger.warning(

@@ -19,19 +19,35 @@ replayed: its effects committed once, and its stored answer is what every redeli
 from __future__ import annotations
 
 import dataclasses
-import logging
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Protocol
 
 from . import _ledger as ledger
 from ._exceptions import ReceiverError
 from ._ledger import Key, Receipt, State
-from ._pipeline import Reply
+from ._logging import get_logger
+from ._metrics import Metrics
+from ._pipeline import Pipeline, Reply
+from ._providers import Provider
+from ._store import Store
 
-if TYPE_CHECKING:
-    from ._app import Receiver
+logger = get_logger("receiver")
 
-logger = logging.getLogger("receiver")
+
+class Receiver(Protocol):
+    """What a replay needs of a :class:`~receiver.Receiver` (named structurally, so that this
+    module does not import the app that imports it)."""
+
+    @property
+    def providers(self) -> Mapping[str, Provider]: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def pipeline(self) -> Pipeline: ...
+    @property
+    def metrics(self) -> Metrics | None: ...
+    @property
+    def clock(self) -> Callable[[], float]: ...
 
 
 class ReplayRefused(ReceiverError):

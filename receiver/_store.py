@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, ClassVar
 
-from ._exceptions import ConfigurationError, ReceiverError
+from ._exceptions import ReceiverError
 from ._queries import queries
 
 Row = Mapping[str, Any]
@@ -195,6 +195,9 @@ class Store(abc.ABC):
     dialect: ClassVar[str]
     #: An injected ledger clock, or None for the database's (see the class docstring).
     clock: Callable[[], float] | None = None
+    #: How many batched statements may be in flight at once (receiver/_batcher.py); 0: the
+    #: store does not batch, every claim and completion is a statement of its own.
+    batch_flushes: int = 0
 
     def now(self) -> float | None:
         """The time to hand the ledger's statements: None means the database's clock."""
@@ -249,21 +252,3 @@ def split_statements(script: str) -> Sequence[str]:
     """Split a schema script into statements (the schemas contain no ';' inside literals)."""
     lines = [line for line in script.splitlines() if not line.lstrip().startswith("--")]
     return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
-
-
-def store_from_url(url: str) -> Store:
-    """Build a store from a URL: ``postgresql://...`` or ``sqlite:///path/to/file.db``."""
-    if url.startswith(("postgresql://", "postgres://")):
-        from ._postgres import PostgresStore
-
-        return PostgresStore(url)
-    if url.startswith("sqlite://"):
-        from ._sqlite import SQLiteStore
-
-        path = url.removeprefix("sqlite://")
-        # sqlite:///relative.db -> "relative.db"; sqlite:////abs/path.db -> "/abs/path.db"
-        return SQLiteStore(path[1:] if path.startswith("/") else path)
-    raise ConfigurationError(
-        f"unsupported store URL {url.split('://')[0]!r}://...: use postgresql://user@host/db "
-        "or sqlite:///path/to/receipts.db"
-    )

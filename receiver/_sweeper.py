@@ -10,7 +10,6 @@ deleting a row twice deletes it once.
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -19,12 +18,13 @@ from . import _keyed as keyed
 from . import _ledger as ledger
 from ._exceptions import StoreUnavailable
 from ._ledger import Key, Receipt, State
+from ._logging import get_logger
 from ._pipeline import Outcome, Pipeline
 from ._providers import Provider
 from ._responses import stored_error
 from ._store import Store
 
-logger = logging.getLogger("receiver.sweeper")
+logger = get_logger("receiver.sweeper")
 
 #: Recovers a stale claim of a key that is not a webhook-id (an agent action): one of the
 #: ``result`` values of the stale leases metric.

@@ -628,11 +628,11 @@ async def test_metrics_path_and_disabling(store: Store) -> None:
     moved, _ = make_receiver(store, clock=clock, metrics_path="/internal/metrics")
     async with client_of(moved) as client:
         assert (await client.get("/internal/metrics")).status_code == 200
-        assert (await client.get("/metrics")).status_code == 405  # /{provider} is POST only
+        assert (await client.get("/metrics")).status_code == 404  # no provider named metrics
     off, _ = make_receiver(store, clock=clock, metrics=False)
     assert off.metrics is None
     async with client_of(off) as client:
-        assert (await client.get("/metrics")).status_code == 405
+        assert (await client.get("/metrics")).status_code == 404
         assert (await post(client, "msg_1", body_of(), clock)).status_code == 200
     with pytest.raises(ConfigurationError, match="metrics_path"):
         make_receiver(store, metrics_path="metrics")

@@ -1,4 +1,4 @@
-"""The conformance suite: every behaviour of DESIGN.md steps 1-9, on SQLite and PostgreSQL."""
+"""The conformance suite: every answer of README.md "What the sender gets", on both stores."""
 
 from __future__ import annotations
 
@@ -369,9 +369,14 @@ async def test_routing_errors(app, store: Store, clock: Clock) -> None:  # type:
     unknown = await post(client, "msg_1", body_of(), clock, path="nobody")
     assert unknown.status_code == 404
     assert unknown.json()["error"] == "unknown_provider"
+    for verb in ("GET", "PUT", "DELETE"):
+        unknown = await client.request(verb, "/nobody")
+        assert unknown.status_code == 404, verb  # whatever the method, as README says
+        assert unknown.json()["error"] == "unknown_provider"
     method = await client.get(f"/{PROVIDER}")
     assert method.status_code == 405
     assert method.json()["error"] == "method_not_allowed"
+    assert method.headers["allow"] == "POST"
     assert await receipt_count(store) == 0
 
 
