@@ -21,16 +21,18 @@ import hashlib
 import inspect
 import logging
 import re
+import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar
 
 import orjson
 from prometheus_client import CollectorRegistry
 
 from . import _keyed as keyed
 from ._agent_metrics import ActionMetrics
+from ._cache import ReplayCache
 from ._exceptions import (
     ActionConflict,
     ActionError,
@@ -170,6 +172,8 @@ class Actions:
     ``lease=`` overrides it). ``window``: how long a key and its result are kept (default 7
     days: retries of agents plus a person resuming a stalled task). ``wait``: how long a
     concurrent duplicate waits for the first attempt's result before ActionInProgress.
+    ``replay_cache``: how many completed results this process keeps to answer retries without
+    a round trip (0: none).
     """
 
     def __init__(
@@ -181,6 +185,7 @@ class Actions:
         wait: float = 5.0,
         metrics: bool = True,
         registry: CollectorRegistry | None = None,
+        replay_cache: int = 10_000,
     ) -> None:
         if not 0 < lease <= window:
             raise ConfigurationError(
@@ -192,6 +197,7 @@ class Actions:
         self.lease, self.window, self.wait = lease, window, wait
         self._tools: dict[str, Tool] = {}
         self._waiters = keyed.Waiters()
+        self._cache = ReplayCache(replay_cache) if replay_cache > 0 else None
         self.store: Store
         if isinstance(target, Store):
             self.store = target
@@ -307,6 +313,13 @@ class Actions:
         if turn is not None and self.metrics is not None:
             self.metrics.turn(tool.name, turn, action.key)
         claim = self._claim(tool, action, _body(action.request))
+        hit = None if self._cache is None else self._cache.get(claim.key, time.time())
+        if hit is not None:
+            if hit.payload_hash != action.fingerprint:
+                self._conflict(tool, action)
+            if self.metrics is not None:
+                self.metrics.replays.labels(tool.name).inc()
+            return ActionResult(action.key, hit.response.body, replayed=True)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.wait
         for _ in range(100):  # each pass is one decision by the database; a few in practice
@@ -412,6 +425,7 @@ class Actions:
             if failure is None:
                 if self.metrics is not None:
                     self.metrics.executions.labels(tool.name).inc()
+                self._remember(key, action, stored, self.window)
                 return ActionResult(action.key, stored.body, replayed=False)
             if isinstance(failure, LeaseLost):
                 if finished:
@@ -442,9 +456,16 @@ class Actions:
             stored = orjson.loads(response.body)
             error = ActionNeedsReview if stored.get("error") == "needs_review" else ActionFailed
             raise error(str(stored.get("detail")))
+        self._remember(receipt.key, action, response, receipt.expires_at - receipt.now)
         return ActionResult(action.key, response.body, replayed=True)
 
-    def _conflict(self, tool: Tool, action: Action) -> None:
+    def _remember(self, key: Key, action: Action, stored: StoredResponse, left: float) -> None:
+        """A completed action's result never changes until it expires: keep it, so that this
+        process answers its retries without a round trip."""
+        if self._cache is not None:
+            self._cache.put(key, action.fingerprint, stored, time.time() + left)
+
+    def _conflict(self, tool: Tool, action: Action) -> NoReturn:
         logger.warning(
             "ALERT: action key reused with a different request (fingerprint): not executed",
             extra={"action": tool.name, "scope": action.scope, "action_id": action.action_id},

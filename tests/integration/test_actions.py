@@ -388,3 +388,17 @@ async def test_one_executor_per_receiver(store: Store) -> None:
     Actions(rx)
     with pytest.raises(ConfigurationError, match="already has an action executor"):
         Actions(rx)
+
+
+async def test_another_executor_replays_from_the_ledger(store: Store) -> None:
+    """A second executor (another process's worth of replay cache) answers from the ledger."""
+    actions, shop = await setup(store)
+    first = await actions.execute(refund(actions))
+    other, other_shop = await setup(store)
+    again = await other.execute(refund(other))
+    assert again.replayed
+    assert again.body == first.body
+    with pytest.raises(ActionConflict):
+        await other.execute(refund(other, amount=1))
+    assert shop.runs[refund(actions).key] == 1
+    assert other_shop.runs[refund(actions).key] == 0
