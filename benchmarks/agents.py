@@ -5,11 +5,13 @@
 and the same app behind :class:`receiver.IdempotencyKeyMiddleware`, driven in-process through
 ASGI by 32 concurrent tasks (no HTTP server or client: their cost would hide the middleware's).
 Sides: ``bare``; ``fresh`` (every request a new key: claim, run, store); ``replay`` (keys used
-before: one claim statement answers with the stored response). Ratio = side / bare, same run.
+before, answered from the middleware's replay cache); ``ledger`` (the same keys through a
+middleware without a cache, as another process sees them: one claim statement answers with the
+stored response). Ratio = side / bare, same run.
 
 **Executor.** One trivial tool, called directly (``await tool(call, tx)``) and through
-``Actions.execute`` (fresh actions, then replays), sequentially: microseconds per action, and
-the executor's overhead over the direct call.
+``Actions.execute`` (fresh actions, then replays from the cache and from the ledger),
+sequentially: microseconds per action, against the direct call.
 
 PostgreSQL (database ``receiver_bench_agents`` on the benchmark server, dropped and created
 again) and a SQLite file. Figures only: nothing here asserts a timing.
@@ -121,6 +123,10 @@ async def _rate(seconds: float, one: Callable[[int], Awaitable[int]]) -> float:
 async def middleware(store: Store, seconds: float) -> dict[str, float]:
     bare = bare_app()
     keyed = IdempotencyKeyMiddleware(bare_app(), store=store, principal=_principal)
+    # Another process's view: no replay cache, every replay is a claim statement.
+    uncached = IdempotencyKeyMiddleware(
+        bare_app(), store=store, principal=_principal, replay_cache=0
+    )
     run = f"{time.time_ns()}"
     seeded = [f'"{run}-r{n}"'.encode() for n in range(1000)]
     for key in seeded:
@@ -128,12 +134,15 @@ async def middleware(store: Store, seconds: float) -> dict[str, float]:
     bare_rps = await _rate(seconds, lambda n: _call(bare, None))
     fresh = await _rate(seconds, lambda n: _call(keyed, f'"{run}-f{n}"'.encode()))
     replay = await _rate(seconds, lambda n: _call(keyed, seeded[n % len(seeded)]))
+    ledger = await _rate(seconds, lambda n: _call(uncached, seeded[n % len(seeded)]))
     return {
         "bare_rps": round(bare_rps),
         "fresh_rps": round(fresh),
         "replay_rps": round(replay),
         "fresh_ratio": round(fresh / bare_rps, 3),
         "replay_ratio": round(replay / bare_rps, 3),
+        "ledger_replay_rps": round(ledger),
+        "ledger_replay_ratio": round(ledger / bare_rps, 3),
     }
 
 
@@ -175,10 +184,21 @@ async def executor(store: Store, seconds: float) -> dict[str, float]:
         return await actions.execute(action)
 
     replay_us, _ = await timed(replay)
+    uncached = Actions(store, metrics=False, replay_cache=0)
+    uncached.add_tool("echo", echo)
+
+    async def ledger(n: int) -> Any:
+        action = uncached.propose(
+            "echo", scope="t", action_id=f"{run}-{n % made}", request={"order": f"o-{n % made}"}
+        )
+        return await uncached.execute(action)
+
+    ledger_us, _ = await timed(ledger)
     return {
         "direct_us": round(direct_us, 2),
         "execute_fresh_us": round(fresh_us, 1),
         "execute_replay_us": round(replay_us, 1),
+        "execute_ledger_replay_us": round(ledger_us, 1),
         "overhead_fresh_us": round(fresh_us - direct_us, 1),
         "overhead_replay_us": round(replay_us - direct_us, 1),
     }
@@ -227,16 +247,20 @@ def run(seconds: float, pg_url: str = DEFAULT_PG) -> dict[str, Any]:
 
 def describe(result: dict[str, Any]) -> str:
     lines = [
-        "agents (in-process ASGI, 32 tasks; executor sequential):",
+        "agents (in-process ASGI, 32 tasks; executor sequential; replay: from this process's "
+        "cache, ledger: from the store):",
         f"  {'store':<11} {'bare':>7} {'fresh':>7} {'ratio':>6} {'replay':>7} {'ratio':>6}"
-        f"   {'direct':>7} {'execute':>8} {'replay':>7} (us/action)",
+        f" {'ledger':>7} {'ratio':>6}   {'direct':>7} {'execute':>8} {'replay':>7} {'ledger':>7}"
+        " (us/action)",
     ]
     for store, figures in result.items():
         m, e = figures["middleware"], figures["executor"]
         lines.append(
             f"  {store:<11} {m['bare_rps']:>7} {m['fresh_rps']:>7} {m['fresh_ratio']:>6.3f} "
-            f"{m['replay_rps']:>7} {m['replay_ratio']:>6.3f}   {e['direct_us']:>7.2f} "
-            f"{e['execute_fresh_us']:>8.1f} {e['execute_replay_us']:>7.1f}"
+            f"{m['replay_rps']:>7} {m['replay_ratio']:>6.3f} {m['ledger_replay_rps']:>7} "
+            f"{m['ledger_replay_ratio']:>6.3f}   {e['direct_us']:>7.2f} "
+            f"{e['execute_fresh_us']:>8.1f} {e['execute_replay_us']:>7.1f} "
+            f"{e['execute_ledger_replay_us']:>7.1f}"
         )
     return "\n".join(lines)
 
