@@ -187,12 +187,12 @@ class IdempotencyKeyMiddleware:
         principal = self.principal(scope)
         if inspect.isawaitable(principal):
             principal = await principal
-        response = await self._keyed(scope, send, key, str(principal), body)
+        response = await self._keyed(scope, receive, send, key, str(principal), body)
         if response is not None:
             await response(scope, receive, send)
 
     async def _keyed(
-        self, scope: Scope, send: Send, key: str, principal: str, body: bytes
+        self, scope: Scope, receive: Receive, send: Send, key: str, principal: str, body: bytes
     ) -> Response | None:
         """Claim the key, then run, replay or refuse. None: the endpoint's answer was sent."""
         claim = Claim(
@@ -213,7 +213,9 @@ class IdempotencyKeyMiddleware:
         for _ in range(100):
             got = await keyed.claim(self.store, claim)
             if isinstance(got, Claimed):
-                return await self._run(scope, send, claim, got.fence, key, principal, body, arrived)
+                return await self._run(
+                    scope, receive, send, claim, got.fence, (key, principal, body), arrived
+                )
             decision = decide(got, claim.payload_hash)
             if decision is Decision.REPLAY:
                 assert got.response is not None
@@ -231,22 +233,24 @@ class IdempotencyKeyMiddleware:
                 return self._in_flight(got)
             fence = await keyed.reclaim(self.store, claim, got.fence)
             if fence is not None:
-                return await self._run(scope, send, claim, fence, key, principal, body, arrived)
+                return await self._run(
+                    scope, receive, send, claim, fence, (key, principal, body), arrived
+                )
         return self._in_flight(None)
 
     async def _run(
         self,
         scope: Scope,
+        receive: Receive,
         send: Send,
         claim: Claim,
         fence: int,
-        key: str,
-        principal: str,
-        body: bytes,
+        request: tuple[str, str, bytes],
         arrived: float,
     ) -> Response | None:
         """Run the endpoint and store its answer in one transaction (joined by the endpoint's
         writes through ``tx``), fenced; then send the answer."""
+        key, principal, body = request
         start: Message | None = None
         chunks: list[bytes] = []
 
@@ -259,12 +263,14 @@ class IdempotencyKeyMiddleware:
 
         sent = False
 
-        async def receive() -> Message:
+        async def replayed_body() -> Message:
+            # The body was read to fingerprint it: hand it over once, then the client's own
+            # messages (its disconnect), as a streaming endpoint listens for them.
             nonlocal sent
             if not sent:
                 sent = True
                 return {"type": "http.request", "body": body, "more_body": False}
-            return {"type": "http.disconnect"}
+            return await receive()
 
         failure: BaseException | None = None
         with self._waiters.running(claim.key):
@@ -273,7 +279,7 @@ class IdempotencyKeyMiddleware:
                 context = IdempotentRequest(key, principal, fence, tx, downstream[:44])
                 try:
                     async with tx.deferred_transaction():
-                        await self.app({**scope, _SCOPE_KEY: context}, receive, capture)
+                        await self.app({**scope, _SCOPE_KEY: context}, replayed_body, capture)
                         if start is None:
                             raise _Unstored("the endpoint sent no response")
                         if start["status"] >= 500:

@@ -18,7 +18,7 @@ from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Scope
 
@@ -74,6 +74,16 @@ class Shop:
         self.runs["broken"] += 1
         raise RuntimeError("the endpoint has a bug")
 
+    async def stream(self, request: Request) -> Response:
+        self.runs["stream"] += 1
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for n in range(20):
+                await asyncio.sleep(0)
+                yield b"chunk %d;" % n
+
+        return StreamingResponse(chunks(), media_type="text/plain")
+
     async def note(self, request: Request) -> Response:
         self.runs["note"] += 1
         return Response(b"noted", 200, media_type="text/plain")
@@ -98,6 +108,7 @@ def build(kind: str, store: Store, shop: Shop, **options: Any) -> Any:
                 Route("/flaky", shop.flaky, methods=["POST"]),
                 Route("/broken", shop.broken, methods=["POST"]),
                 Route("/notes/{id}", shop.note, methods=["PATCH", "POST"]),
+                Route("/stream", shop.stream, methods=["POST"]),
             ],
             middleware=[middleware],
         )
@@ -106,6 +117,7 @@ def build(kind: str, store: Store, shop: Shop, **options: Any) -> Any:
     app.add_api_route("/flaky", shop.flaky, methods=["POST"])
     app.add_api_route("/broken", shop.broken, methods=["POST"])
     app.add_api_route("/notes/{id}", shop.note, methods=["PATCH", "POST"])
+    app.add_api_route("/stream", shop.stream, methods=["POST"])
     return app
 
 
@@ -421,3 +433,15 @@ async def test_the_sweeper_gives_back_a_key_whose_request_died(
     assert retry.status_code == 201
     assert "idempotent-replayed" not in retry.headers
     assert await committed(store) == 1
+
+
+async def test_a_streamed_answer_is_stored_whole(client: httpx.AsyncClient, shop: Shop) -> None:
+    """The endpoint sees the client's own messages after the body (a streaming response listens
+    for the disconnect), so its whole answer is stored and replayed."""
+    whole = b"".join(b"chunk %d;" % n for n in range(20))
+    first = await client.post("/stream", content=b"{}", headers=headers())
+    again = await client.post("/stream", content=b"{}", headers=headers())
+    assert first.content == whole
+    assert again.content == whole
+    assert again.headers["idempotent-replayed"] == "true"
+    assert shop.runs["stream"] == 1
