@@ -23,7 +23,7 @@ from typing import Any
 
 from receiver import generate_secret
 
-from . import checks, load, profile, report, servers, tracing, verifier
+from . import agents, checks, load, profile, report, servers, tracing, verifier
 from .business import PROVIDER
 from .stores import PostgresTarget, SQLiteTarget, Target
 
@@ -79,6 +79,7 @@ class Settings:
     soak_chunk: int = 60  # seconds per wrk run of the soak (each is signed just before it)
     soak_store: str = "postgresql"
     verifier: float = 10.0  # seconds of the verifier micro-benchmark; 0 skips it
+    agents: float = 5.0  # seconds per side of the middleware/executor benchmark; 0 skips it
     tracing: int = 5  # rounds of the tracing micro-benchmark; 0 skips it
     profile_seconds: int = 20
 
@@ -93,6 +94,7 @@ QUICK = Settings(
     soak_chunk=10,
     verifier=2.0,
     tracing=1,
+    agents=1.0,
 )
 
 
@@ -736,6 +738,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--soak", type=int, help="soak seconds (default 300; 0 skips it)")
     parser.add_argument("--soak-store", choices=("postgresql", "sqlite"))
     parser.add_argument("--verifier", type=float, help="verifier micro-benchmark seconds")
+    parser.add_argument("--agents", type=float, help="middleware/executor seconds per side")
     parser.add_argument("--tracing", type=int, help="tracing micro-benchmark rounds (0 skips)")
     parser.add_argument(
         "--stores", default="postgresql,sqlite", help="comma-separated: postgresql,sqlite"
@@ -790,6 +793,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             "soak",
             "soak_store",
             "verifier",
+            "agents",
             "tracing",
             "profile_seconds",
         )
@@ -884,6 +888,10 @@ def run(args: argparse.Namespace) -> int:
                 _say("verifier micro-benchmark...")
                 result["verifier"] = verifier.run(settings.verifier, size=settings.body)
                 _say(verifier.describe(result["verifier"]))
+            if settings.agents:
+                _say("Idempotency-Key middleware and action executor...")
+                result["agents"] = agents.run(settings.agents, agents.agents_url(args.pg_url))
+                _say(agents.describe(result["agents"]))
             if settings.tracing:
                 _say("tracing micro-benchmark...")
                 result["tracing"] = tracing.run(settings.tracing)

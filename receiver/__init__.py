@@ -1,11 +1,19 @@
 """receiver: receive webhooks so that each event takes effect exactly once."""
 
+from ._actions import Action, ActionResult, Actions, Tool, ToolCall, action_key
+from ._agent_metrics import ActionMetrics
 from ._app import Receiver
 from ._config import load_config
 from ._config_model import Config, ProviderConfig
 from ._events import Event
 from ._exceptions import (
+    ActionConflict,
+    ActionError,
+    ActionFailed,
+    ActionInProgress,
+    ActionNeedsReview,
     ConfigurationError,
+    InvalidIdempotencyKey,
     LeaseLost,
     MalformedRequest,
     ReceiverError,
@@ -17,6 +25,7 @@ from ._exceptions import (
     VerificationError,
 )
 from ._handlers import Handler
+from ._idempotency import IdempotencyKeyMiddleware, IdempotentRequest, idempotent_request
 from ._ledger import Receipt, State, StoredResponse
 from ._logging import JSONFormatter
 from ._metrics import Metrics
@@ -51,6 +60,15 @@ __version__ = "0.1.0"
 
 __all__ = [
     "RUN_AGAIN",
+    "Action",
+    "ActionConflict",
+    "ActionError",
+    "ActionFailed",
+    "ActionInProgress",
+    "ActionMetrics",
+    "ActionNeedsReview",
+    "ActionResult",
+    "Actions",
     "Config",
     "ConfigurationError",
     "Connection",
@@ -58,6 +76,9 @@ __all__ = [
     "Event",
     "GitHub",
     "Handler",
+    "IdempotencyKeyMiddleware",
+    "IdempotentRequest",
+    "InvalidIdempotencyKey",
     "JSONFormatter",
     "LeaseLost",
     "MalformedRequest",
@@ -85,13 +106,17 @@ __all__ = [
     "StoreUnavailable",
     "StoredResponse",
     "Stripe",
+    "Tool",
+    "ToolCall",
     "VerificationError",
     "VerifiedDelivery",
     "Verifier",
+    "action_key",
     "dedup_window",
     "exponential",
     "generate_keypair",
     "generate_secret",
+    "idempotent_request",
     "load_config",
     "sign",
     "sign_github",

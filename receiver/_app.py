@@ -33,7 +33,7 @@ from ._replay import replay
 from ._responses import error
 from ._store import Connection, Store
 from ._store_url import store_from_url
-from ._sweeper import SweepReport, sweep, sweep_forever
+from ._sweeper import Recoverer, SweepReport, sweep, sweep_forever
 from ._tracing import Tracing
 
 F = TypeVar("F", bound=HandlerFunc)
@@ -107,6 +107,9 @@ class Receiver:
         # Whose X-Forwarded-For / X-Real-IP to believe for event.client (receiver/_forwarded.py).
         self.trusted_proxies = TrustedProxies(trusted_proxies)
         self._sweeper: asyncio.Task[None] | None = None
+        # Who recovers the stale claims of keys that are not webhook-ids, by namespace
+        # (receiver/_keyed.py): the action executor registers itself here.
+        self.recoverers: dict[str, Recoverer] = {}
         # Prometheus metrics (rx.metrics.registry), GET /metrics, /healthz and /readyz.
         self.metrics: Metrics | None = Metrics(registry) if metrics else None
         routes = observability_routes(self.store, self.metrics, metrics_path, health, clock)
@@ -264,7 +267,14 @@ class Receiver:
     async def sweep(self, *, batch: int = 100) -> SweepReport:
         """One sweeper pass: recover or fail stale in-flight receipts, delete expired ones."""
         now = self.store.now()
-        report = await sweep(self.store, self.pipeline, self.providers, now=now, batch=batch)
+        report = await sweep(
+            self.store,
+            self.pipeline,
+            self.providers,
+            now=now,
+            batch=batch,
+            recoverers=self.recoverers,
+        )
         if self.metrics is not None:
             await self.metrics.refresh(self.store, self.clock(), counts=True)
         return report

@@ -6,10 +6,16 @@
      +-- VerificationError         a delivery failed a check before touching the store (401)
      |    +-- MalformedRequest     its headers are structurally broken (400)
      +-- StoreError                the ledger could not do what was asked
-          +-- StoreUnavailable     the database is unreachable or timed out (503)
-          |    +-- StoreReadOnly        it accepts no writes: a standby, after a failover (503)
-          |    +-- StoreMisconfigured   its database, role, tables or privileges are wrong (503)
-          +-- LeaseLost            a newer claim owns the key: the fence moved on
+     |    +-- StoreUnavailable     the database is unreachable or timed out (503)
+     |    |    +-- StoreReadOnly        it accepts no writes: a standby, after a failover (503)
+     |    |    +-- StoreMisconfigured   its database, role, tables or privileges are wrong (503)
+     |    +-- LeaseLost            a newer claim owns the key: the fence moved on
+     +-- InvalidIdempotencyKey     an Idempotency-Key header that cannot be read as one key (400)
+     +-- ActionError               an agent action could not be executed as asked
+          +-- ActionConflict       its key was used before with another request
+          +-- ActionInProgress     another attempt still runs it after the bounded wait
+          +-- ActionFailed         it failed for good (stored, and raised again on every retry)
+               +-- ActionNeedsReview  an interrupted external tool that nothing can reconcile
 
 Lower-level errors (asyncpg, sqlite3, OSError, ValueError from decoding) are translated at one
 boundary each and re-raised ``from`` the original.
@@ -78,3 +84,35 @@ class StoreMisconfigured(StoreUnavailable):
 
 class LeaseLost(StoreError):
     """A newer claim owns this key; this attempt's work was rolled back."""
+
+
+class InvalidIdempotencyKey(ReceiverError):
+    """The Idempotency-Key header cannot be read as one key."""
+
+
+class ActionError(ReceiverError):
+    """The agent action could not be executed as asked."""
+
+
+class ActionConflict(ActionError):
+    """This action key was already used with a different request (another fingerprint): the
+    action id is being reused for a different effect. Nothing was executed."""
+
+
+class ActionInProgress(ActionError):
+    """Another attempt of this action is still running; retry later."""
+
+    def __init__(self, message: str | None = None, *, retry_after: float = 1.0) -> None:
+        #: Seconds after which a retry may find the first attempt's result.
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
+class ActionFailed(ActionError):
+    """The action failed for good. Raise it from a tool to make a failure final: it is stored,
+    and every retry of the action raises it again instead of running the tool."""
+
+
+class ActionNeedsReview(ActionFailed):
+    """An attempt of an external tool was interrupted and no reconcile() can say what happened:
+    it is never re-run blindly; the action is marked failed and an operator is alerted."""

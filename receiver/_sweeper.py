@@ -21,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from . import _keyed as keyed
 from . import _ledger as ledger
 from ._exceptions import StoreUnavailable
 from ._ledger import Key, Receipt
@@ -42,6 +43,10 @@ DELETE_BATCH = 5000
 
 #: Seconds one pass may spend deleting before it leaves the rest to the next pass.
 DELETE_BUDGET = 30.0
+
+#: Recovers a stale claim of a key that is not a webhook-id (an agent action): one of the
+#: ``result`` values of the stale leases metric.
+Recoverer = Callable[[Receipt], Awaitable[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +71,7 @@ async def sweep(
     delete_batch: int = DELETE_BATCH,
     budget: float = DELETE_BUDGET,
     retention: float = DEAD_LETTER_RETENTION,
+    recoverers: Mapping[str, Recoverer] | None = None,
 ) -> SweepReport:
     """One pass: recover stale in-flight receipts (``batch`` at a time, up to ``max_batches``
     batches), then delete expired ones (``delete_batch`` at a time) for at most ``budget``
@@ -77,7 +83,7 @@ async def sweep(
         async with store.acquire() as conn:
             rows = await conn.run_all("stale", now, batch)
         skipped = tally["skipped"]
-        await _recover(store, pipeline, providers, rows, now, tally)
+        await _recover(store, pipeline, providers, rows, now, tally, recoverers or {})
         # A batch that was all taken over by others, or short, or late: the rest can wait.
         if len(rows) < batch or tally["skipped"] - skipped == len(rows):
             break
@@ -96,10 +102,17 @@ async def _recover(
     rows: Sequence[Row],
     now: float | None,
     tally: collections.Counter[str],
+    recoverers: Mapping[str, Recoverer],
 ) -> None:
     for row in rows:
         key = Key(row["provider"], row["webhook_id"])
         receipt = Receipt.from_row(key, row)
+        namespace = keyed.namespace(key.provider)
+        if namespace is not None:
+            # An action or an Idempotency-Key request: its owner recovers it. Never marked
+            # failed here, since an external action must not be judged without its reconcile.
+            tally[await _recover_keyed(store, receipt, namespace, recoverers)] += 1
+            continue
         provider = providers.get(key.provider)
         if provider is None:
             took = await _fail(
@@ -146,6 +159,20 @@ async def _delete_expired(
         if len(orphans) < batch:
             break
     return deleted
+
+
+async def _recover_keyed(
+    store: Store, receipt: Receipt, namespace: str, recoverers: Mapping[str, Recoverer]
+) -> str:
+    recover = recoverers.get(namespace)
+    if recover is not None:
+        return await recover(receipt)
+    if namespace == keyed.IDEMPOTENCY:
+        # A request whose answer was never stored: give the key back, so that the client's
+        # retry runs the endpoint again (receiver/_idempotency.py, "after a crash").
+        released = await keyed.release(store, receipt.key, receipt.fence, "lease expired")
+        return "released" if released else "skipped"
+    return "skipped"
 
 
 def _count(pipeline: Pipeline, tally: collections.Counter[str], provider: str, result: str) -> None:
