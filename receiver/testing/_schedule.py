@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .._exceptions import ConfigurationError
-from .._schedules import DAY, RetrySchedule, format_duration
+from .._schedules import HOUR, RetrySchedule, format_duration
 from ._assertions import _table, assert_executed_once
 from ._clock import FakeClock
 from ._faults import Fault, Faults
@@ -35,13 +35,15 @@ async def replay_schedule(
     clock: FakeClock,
     *,
     schedule: RetrySchedule | str | Sequence[float | str] | None = None,
-    resend_after: Sequence[float] = (DAY,),
+    resend_after: Sequence[float] = (HOUR, 23 * HOUR),
     first: Fault | None = None,
     check: bool = True,
 ) -> ScheduleRun:
     """Deliver ``webhook`` at every attempt of the provider's retry schedule, as if every answer
-    were lost on the way back (the worst case), then once more ``resend_after`` seconds after
-    the last automatic retry (a person pressing "resend" in the dashboard: a day by default).
+    were lost on the way back (the worst case), then once for each of ``resend_after``: seconds
+    after the last automatic retry at which a person presses "resend" in the dashboard (by
+    default an hour and 23 hours later, inside the default one-day review margin; pass the
+    delays your operators really take).
 
     The schedule is the provider's own (from the Receiver) unless given. ``first`` injects a
     fault into the first attempt (in-process only), so the later attempts show the recovery
