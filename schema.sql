@@ -23,6 +23,8 @@ CREATE TABLE IF NOT EXISTS receiver_receipts (
     response_status       integer,
     response_content_type text,
     response_body         bytea,
+    -- the handler's other response headers, a JSON list of [name, value] pairs
+    response_headers      bytea,
     -- the verified request body, kept until completion so failed or stuck deliveries can be
     -- recovered, inspected and replayed
     request_body          bytea,

@@ -1,7 +1,8 @@
 """receiver: receive webhooks so that each event takes effect exactly once."""
 
 from ._app import Receiver
-from ._config import Config, ProviderConfig, load_config
+from ._config import load_config
+from ._config_model import Config, ProviderConfig
 from ._events import Event
 from ._exceptions import (
     ConfigurationError,
@@ -32,7 +33,8 @@ from ._schemes import (
     sign_stripe,
 )
 from ._sqlite import SQLiteStore
-from ._store import Connection, Store, store_from_url
+from ._store import Connection, Store
+from ._store_url import store_from_url
 from ._verification import (
     StandardWebhooks,
     VerifiedDelivery,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
+from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
@@ -24,19 +24,23 @@ from ._exceptions import ConfigurationError
 from ._forwarded import TrustedProxies
 from ._handlers import Effects, Handler, HandlerFunc, ReconcileFunc, Registry
 from ._health import observability_routes, reserved_names
+from ._logging import get_logger
 from ._metrics import Metrics
 from ._pipeline import Pipeline, Reply
 from ._providers import Provider
 from ._replay import replay
 from ._responses import error
-from ._store import Connection, Store, store_from_url
+from ._store import Connection, Store
+from ._store_url import store_from_url
 from ._sweeper import SweepReport, sweep, sweep_forever
+from ._tracing import Tracing
 
 F = TypeVar("F", bound=HandlerFunc)
 StartupHook = Callable[[Connection], Awaitable[None]]
 
 DEFAULT_STORE = "sqlite:///receiver.db"
 DEFAULT_MAX_BODY = 1024 * 1024
+_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"]
 
 
 class _TooLarge(Exception):
@@ -86,6 +90,7 @@ class Receiver:
         registry: CollectorRegistry | None = None,
         health: bool = True,
         replay_cache: int = 10_000,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         self.store: Store = store_from_url(store) if isinstance(store, str) else store
         if max_body_size <= 0:
@@ -123,8 +128,13 @@ class Receiver:
             # Completed receipts this process has seen, replayed without a round trip.
             cache=ReplayCache(replay_cache) if replay_cache else None,
         )
+        # OpenTelemetry spans (receiver/_tracing.py): the global provider unless one is given;
+        # a no-op until an SDK is configured.
+        self.tracing = Tracing(tracer_provider)
         self._app = Starlette(
-            routes=[*routes, Route("/{provider}", self._endpoint, methods=["POST"])],
+            # Every method (Starlette's default for a function is GET only): an unknown provider
+            # is 404 whatever the method; _endpoint answers 405 to a known provider's others.
+            routes=[*routes, Route("/{provider}", self._endpoint, methods=_METHODS)],
             exception_handlers={HTTPException: self._http_error},
             lifespan=self.lifespan,
         )
@@ -162,6 +172,15 @@ class Receiver:
                 f"handler {func.__qualname__} names unknown provider {provider!r}; "
                 f"configured: {sorted(self.providers)}"
             )
+        if lease is not None:
+            for p in self.providers.values():
+                if (provider is None or p.name == provider) and p.window.window < lease:
+                    raise ConfigurationError(
+                        f"handler {func.__qualname__}: its lease ({lease:g} s) outlasts the dedup "
+                        f"window of provider {p.name!r} ({p.window.window:g} s); a receipt must "
+                        "not expire while an attempt still holds it: lower the lease or raise "
+                        "the provider's ttl"
+                    )
         return self.registry.add(
             event_type, func, provider=provider, effects=effects, reconcile=reconcile, lease=lease
         )
@@ -235,7 +254,7 @@ class Receiver:
 
     async def sweep(self, *, batch: int = 100) -> SweepReport:
         """One sweeper pass: recover or fail stale in-flight receipts, delete expired ones."""
-        now = self.clock()
+        now = self.store.now()
         report = await sweep(self.store, self.pipeline, self.providers, now=now, batch=batch)
         if self.metrics is not None:
             await self.metrics.refresh(self.store, self.clock(), counts=True)
@@ -249,7 +268,7 @@ class Receiver:
     def report_double_execution(self, event: Event, detail: str) -> None:
         """For a handler's own business check (say, its row for ``event.id`` already exists):
         count a double execution (evidence "reported") and log an alert."""
-        logging.getLogger("receiver").error(
+        get_logger("receiver").error(
             "ALERT: double execution reported: %s",
             detail,
             extra={"provider": event.provider, "webhook_id": event.id, "fence": event.fence},
@@ -278,7 +297,7 @@ class Receiver:
         found = self.providers.get(provider)
         if found is None:
             return error(404, "unknown_provider", f"no provider named {provider!r}")
-        reply = await self.pipeline.deliver(found, Headers(headers=dict(headers)), body)
+        reply = await self._traced(found, Headers(headers=dict(headers)), body)
         if reply.response.background is not None:  # the key drift check: no HTTP to run it after
             await reply.response.background()
             reply.response.background = None
@@ -288,6 +307,9 @@ class Receiver:
         provider = self.providers.get(request.path_params["provider"])
         if provider is None:
             return error(404, "unknown_provider", "no provider is configured at this path")
+        if request.method != "POST":
+            detail = f"webhooks are delivered with POST, not {request.method}"
+            return error(405, "method_not_allowed", detail, {"allow": "POST"})
         return await self._deliver_http(request, provider)
 
     async def _deliver_http(self, request: Request, provider: Provider) -> Response:
@@ -306,8 +328,20 @@ class Receiver:
             return self._refused(name, request, 499, "client_disconnected", detail)
         peer = request.client.host if request.client else None
         client = self.trusted_proxies.client(peer, request.headers)
-        reply = await self.pipeline.deliver(provider, request.headers, body, client)
+        reply = await self._traced(provider, request.headers, body, client)
         return reply.response
+
+    async def _traced(
+        self, provider: Provider, headers: Headers, body: bytes, client: str | None = None
+    ) -> Reply:
+        """``pipeline.deliver`` in a span of its own when an OpenTelemetry SDK is configured."""
+        tracer = self.tracing.tracer()
+        if tracer is None:
+            return await self.pipeline.deliver(provider, headers, body, client)
+        with self.tracing.delivery(tracer, provider.name, headers) as span:
+            reply = await self.pipeline.deliver(provider, headers, body, client)
+            span.finish(reply.outcome.value, reply.response.status_code, reply.fence, reply.detail)
+        return reply
 
     def _refused(
         self, name: str, request: Request, status: int, check: str, detail: str

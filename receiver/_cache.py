@@ -1,6 +1,6 @@
 """A bounded per-process cache of completed receipts, so that replays cost no round trip.
 
-A completed receipt never changes until it expires (DESIGN.md, "Where the time goes"): the
+A completed receipt never changes until it expires (nothing but expiry touches it): the
 stored answer is the truth for its whole window. So each process may keep the ones it has seen
 and answer redeliveries (and same-id mismatches) from memory. Only completed receipts are kept:
 a failed one can be reopened by an operator's replay. Large answers are not kept, and the least
@@ -23,6 +23,8 @@ class Cached:
     #: sha256 of the exact body this process saw: a byte-identical redelivery (the usual case)
     #: is recognised before the body is parsed at all.
     body_hash: bytes = b""
+    #: For the log line of a replay from memory (the body is not parsed then).
+    event_type: str | None = None
 
 
 class ReplayCache:
@@ -49,13 +51,18 @@ class ReplayCache:
         response: StoredResponse,
         expires_at: float,
         body_hash: bytes = b"",
+        event_type: str | None = None,
     ) -> None:
         if len(response.body) > self.max_body:
             return
-        self._entries[key] = Cached(payload_hash, response, expires_at, body_hash)
+        self._entries[key] = Cached(payload_hash, response, expires_at, body_hash, event_type)
         self._entries.move_to_end(key)
         while len(self._entries) > self.size:
             self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        """Forget every entry (the ledger still has them)."""
+        self._entries.clear()
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -11,25 +11,29 @@ import asyncio
 import datetime as dt
 import importlib
 import os
+import sqlite3
 import sys
 import time
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
+import asyncpg
 import httpx
 import orjson
 
 from . import _ledger as ledger
 from ._app import DEFAULT_STORE, Receiver
 from ._config import load_config
-from ._exceptions import ReceiverError
+from ._exceptions import ConfigurationError, ReceiverError
 from ._ledger import Key, Receipt
 from ._logging import FORMATS, logging_config
 from ._pipeline import Outcome, Reply
 from ._replay import ReplayRefused, failed_keys, replay_all
-from ._schedules import describe
-from ._store import Row, store_from_url
+from ._schedules import PRESETS, dedup_window, describe
+from ._sqlite import SQLiteStore
+from ._store import Row, Store
+from ._store_url import store_from_url
 from ._sweeper import SweepReport
 from ._verification import generate_secret, sign
 
@@ -108,8 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add(replay, "provider", "with --all-failed: only this provider", "")
     _add(replay, "limit", "with --all-failed: at most this many", 100, type=int)
 
-    ttl = sub.add_parser("ttl", help="explain each provider's retry schedule and dedup window")
-    _add(ttl, "app", "the Receiver, module:attribute", DEFAULT_APP)
+    ttl = sub.add_parser(
+        "ttl",
+        help="explain each provider's retry schedule and dedup window (without --app or "
+        "--config: every preset)",
+    )
+    _add(ttl, "app", "the Receiver whose providers to explain, module:attribute")
     _add(ttl, "config", "explain the providers of this config file (needs no secrets)")
 
     send = sub.add_parser("send", help="sign a delivery and POST it, to try the receiver")
@@ -117,7 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add(send, "secret", "the provider's whsec_ (or whsk_) secret", None)
     _add(send, "id", "webhook-id (reuse one to see a replay)", None)
     _add(send, "type", "event type", "order.created")
-    _add(send, "data", "the event's data, as JSON", '{"order_id": "o-1", "amount_cents": 1250}')
+    _add(
+        send,
+        "data",
+        "the event's data, as JSON (default: an order named after the webhook-id, so that each "
+        "new id is a new payload)",
+    )
     _add(send, "timestamp", "webhook-timestamp (unix seconds; default now)", None, type=int)
     return parser
 
@@ -152,6 +165,7 @@ def serve(args: argparse.Namespace) -> int:
             os.environ["RECEIVER_STORE"] = args.store
         app, factory = "receiver._config:_app_from_environment", True
     else:
+        _check_store_applies(args)
         os.environ["RECEIVER_STORE"] = args.store or DEFAULT_STORE
         if args.app == DEFAULT_APP and not os.environ.get("RECEIVER_SECRET"):
             secret = generate_secret()
@@ -186,6 +200,19 @@ def serve(args: argparse.Namespace) -> int:
         access_log=False,
     )
     return 0
+
+
+def _check_store_applies(args: argparse.Namespace) -> None:
+    """``--store`` reaches the demo app (which reads RECEIVER_STORE) and a ``--config`` file;
+    an app of your own builds its Receiver with its own store, so refuse rather than ignore it.
+    RECEIVER_STORE alone is not refused: an application may read it itself, as the demo does."""
+    given = args.store is not None and args.store != os.environ.get("RECEIVER_STORE")
+    if given and args.app != DEFAULT_APP:
+        raise ReceiverError(
+            f"--store is not applied to --app {args.app}: that Receiver was built with its own "
+            "store. Give the store in your code (Receiver(store=...), e.g. from "
+            "os.environ['RECEIVER_STORE']), or use --config FILE, whose store --store overrides"
+        )
 
 
 def _load_app(spec: str) -> Any:
@@ -248,14 +275,68 @@ def _when(seconds: float | None) -> str:
     return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat(timespec="seconds")
 
 
+def _text_argument(name: str, value: str) -> str:
+    """A command-line value that is stored as text: it must be valid UTF-8 (the shell may
+    hand over any bytes, which Python keeps as surrogate escapes)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = value.encode("utf-8", "surrogateescape").decode("ascii", "backslashreplace")
+        raise ReceiverError(
+            f"{name} '{shown}' is not valid UTF-8 text; no receipt can have it"
+        ) from None
+    return value
+
+
+def _positive(name: str, value: int) -> int:
+    if value <= 0:
+        raise ReceiverError(f"{name} must be a positive number, not {value}")
+    return value
+
+
+def _existing_store(url: str) -> Store:
+    """The store of a command that only reads receipts: a SQLite path that does not exist is
+    a typo to report, not a new empty database to create."""
+    store = store_from_url(url)
+    if isinstance(store, SQLiteStore) and not os.path.exists(store.path):
+        raise ReceiverError(
+            f"no SQLite database at {store.path} (from --store {url}); check the path: "
+            "`receiver serve` creates the file with its first start"
+        )
+    return store
+
+
+T = TypeVar("T")
+
+
+def _read(store: Store, run: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a read of the ledger; the database's own refusal (no such database or role, no
+    tables yet) is one line, not a driver traceback. Only the error's class and first line are
+    shown: these reads carry no payload values."""
+    try:
+        return asyncio.run(run())
+    except (asyncpg.PostgresError, sqlite3.Error) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        hint = ""
+        if "receiver_receipts" in first or isinstance(exc, asyncpg.UndefinedTableError):
+            hint = f"; create the tables first: receiver migrate --store {store.url}"
+        raise ReceiverError(
+            f"cannot read the receipts in {store.url}: {type(exc).__name__}: {first}{hint}"
+        ) from exc
+
+
 def inspect_command(args: argparse.Namespace) -> int:
+    provider = _text_argument("provider", args.provider)
+    webhook_id = _text_argument("webhook id", args.webhook_id)
+    store = _existing_store(args.store)
+
     async def run() -> tuple[Receipt | None, list[Row]]:
-        async with store_from_url(args.store) as store, store.acquire() as conn:
-            receipt = await ledger.lookup(conn, Key(args.provider, args.webhook_id))
-            attempts = await conn.run_all("list_attempts", args.provider, args.webhook_id)
+        async with store, store.acquire() as conn:
+            receipt = await ledger.lookup(conn, Key(provider, webhook_id))
+            attempts = await conn.run_all("list_attempts", provider, webhook_id)
             return receipt, attempts
 
-    receipt, attempts = asyncio.run(run())
+    receipt, attempts = _read(store, run)
     if receipt is None:
         print(f"no receipt for {args.provider}/{args.webhook_id}", file=sys.stderr)
         return 1
@@ -278,11 +359,15 @@ def inspect_command(args: argparse.Namespace) -> int:
 
 
 def failed_command(args: argparse.Namespace) -> int:
-    async def run() -> list[Row]:
-        async with store_from_url(args.store) as store, store.acquire() as conn:
-            return await conn.run_all("list_failed", args.provider, args.limit)
+    provider = _text_argument("--provider", args.provider)
+    limit = _positive("--limit", args.limit)
+    store = _existing_store(args.store)
 
-    rows = asyncio.run(run())
+    async def run() -> list[Row]:
+        async with store, store.acquire() as conn:
+            return await conn.run_all("list_failed", provider, limit)
+
+    rows = _read(store, run)
     if not rows:
         print("no failed receipts")
         return 0
@@ -305,8 +390,10 @@ def replay_command(args: argparse.Namespace) -> int:
         raise ReceiverError(
             "replay takes PROVIDER WEBHOOK_ID, or --all-failed [--provider P] [--limit N]"
         )
-    if args.limit <= 0:
-        raise ReceiverError(f"--limit must be positive, not {args.limit}")
+    _positive("--limit", args.limit)
+    for index, value in enumerate(args.target):
+        _text_argument("provider" if index == 0 else "webhook id", value)
+    _text_argument("--provider", args.provider)
     rx = _config_receiver(args) if args.config else _load_receiver(args.app)
 
     async def run() -> int:
@@ -367,13 +454,21 @@ class _Progress:
 
 
 def ttl_command(args: argparse.Namespace) -> int:
+    first = "provider"
     if args.config:
-        _check_config_alone(args)
+        if args.app:
+            _check_config_alone(args)
         windows = [p.window for p in load_config(args.config).providers]
-    else:
+    elif args.app:
         windows = [p.window for p in _load_receiver(args.app).providers.values()]
+    else:
+        # No receiver named: what each preset would give with the default review margin.
+        first = "preset"
+        windows = [dedup_window(schedule, provider=name) for name, schedule in PRESETS.items()]
     rows = [describe(window) for window in windows]
-    columns = ["provider", "schedule", "span", "margin", "window", "source"]
+    for row in rows:
+        row[first] = row.pop("provider")
+    columns = [first, "schedule", "span", "margin", "window", "source"]
     widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
     print("  ".join(c.ljust(widths[c]) for c in columns).rstrip())
     for r in rows:
@@ -393,22 +488,39 @@ def migrate(args: argparse.Namespace) -> int:
 
 
 def send(args: argparse.Namespace) -> int:
+    """Sign and POST one delivery. Exit status: 0 for a 2xx answer, 1 for any other answer or
+    no answer (as ``curl --fail``), 2 for a mistake on the command line."""
     if not args.secret:
         print("receiver send: --secret (or RECEIVER_SECRET) is required", file=sys.stderr)
         return 2
-    try:
-        data = orjson.loads(args.data)
-    except orjson.JSONDecodeError as exc:
-        print(f"receiver send: --data is not JSON: {exc}", file=sys.stderr)
-        return 2
     webhook_id = args.id or f"msg_{uuid.uuid4().hex}"
+    if args.data is None:
+        # Named after the id: a new id is a new event, never the same payload under another id
+        # (which the receiver reports as key drift), and the same id is the same payload.
+        data: Any = {"order_id": f"o-{webhook_id.removeprefix('msg_')}", "amount_cents": 1250}
+    else:
+        try:
+            data = orjson.loads(args.data)
+        except orjson.JSONDecodeError as exc:
+            print(f"receiver send: --data is not JSON: {exc}", file=sys.stderr)
+            return 2
     timestamp = args.timestamp if args.timestamp is not None else int(time.time())
     body = orjson.dumps({"type": args.type, "data": data})
+    try:
+        signature = sign(args.secret, webhook_id, timestamp, body)
+    except ConfigurationError:
+        print(
+            "receiver send: --secret is not a signing secret: give the provider's whsec_... "
+            "secret (or whsk_... for ed25519) exactly as the receiver has it, e.g. the one "
+            "`receiver serve` printed",
+            file=sys.stderr,
+        )
+        return 2
     headers = {
         "content-type": "application/json",
         "webhook-id": webhook_id,
         "webhook-timestamp": str(timestamp),
-        "webhook-signature": sign(args.secret, webhook_id, timestamp, body),
+        "webhook-signature": signature,
     }
     try:
         response = httpx.post(args.url, content=body, headers=headers, timeout=30)
@@ -422,4 +534,4 @@ def send(args: argparse.Namespace) -> int:
             print(f"{name}: {response.headers[name]}")
     print()
     print(response.text)
-    return 0 if response.status_code < 500 else 1
+    return 0 if response.is_success else 1

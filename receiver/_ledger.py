@@ -10,6 +10,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+import orjson
+
 from ._exceptions import LeaseLost
 from ._store import Connection, Row
 
@@ -23,11 +25,28 @@ class State(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class StoredResponse:
-    """An answer as it is stored and replayed: byte for byte."""
+    """An answer as it is stored and replayed: byte for byte.
+
+    ``content_type`` is empty when the handler's response had none (it is then replayed
+    without one); ``headers`` are the handler's other headers (Retry-After, Location, its own),
+    in order, replayed with it.
+    """
 
     status: int
     content_type: str
     body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+def encode_headers(headers: tuple[tuple[str, str], ...]) -> bytes | None:
+    """Stored as a JSON list of [name, value] pairs (order and repeats kept); None if empty."""
+    return orjson.dumps(headers) if headers else None
+
+
+def decode_headers(raw: bytes | None) -> tuple[tuple[str, str], ...]:
+    if not raw:
+        return ()
+    return tuple((str(name), str(value)) for name, value in orjson.loads(bytes(raw)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +57,11 @@ class Key:
 
 @dataclass(frozen=True, slots=True)
 class Receipt:
-    """A row of the ledger."""
+    """A row of the ledger, and the ledger's time when it was read (``now``: the database's
+    clock, or the store's injected one), against which its lease and expiry are judged."""
 
     key: Key
+    now: float
     state: State
     fence: int
     payload_hash: bytes
@@ -60,11 +81,17 @@ class Receipt:
         response = (
             None
             if status is None
-            else StoredResponse(status, row["response_content_type"], bytes(row["response_body"]))
+            else StoredResponse(
+                status,
+                row["response_content_type"] or "",
+                bytes(row["response_body"]),
+                decode_headers(row["response_headers"]),
+            )
         )
         body = row["request_body"]
         return cls(
             key=key,
+            now=row["now"],
             state=State(row["state"]),
             fence=row["fence"],
             payload_hash=bytes(row["payload_hash"]),
@@ -82,13 +109,15 @@ class Receipt:
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """What a delivery asks the ledger for."""
+    """What a delivery asks the ledger for. ``lease`` and ``window`` are durations in seconds,
+    counted from the ledger's time at the claim; ``now`` is that time when the store has an
+    injected clock (tests), None for the database's own."""
 
     key: Key
     payload_hash: bytes
     event_type: str | None
     body: bytes
-    now: float
+    now: float | None
     lease: float
     window: float
 
@@ -103,7 +132,14 @@ class Decision(enum.Enum):
     RECLAIM = "reclaim"  # released after a failure, or expired: run again with the next fence
 
 
-def decide(receipt: Receipt, payload_hash: bytes, now: float) -> Decision:
+def decide(receipt: Receipt, payload_hash: bytes) -> Decision:
+    """Judged by the ledger's clock as the row was read. A live lease wins over everything, even
+    expiry: an attempt that is still running is never taken over."""
+    now = receipt.now
+    if receipt.state is State.IN_FLIGHT and receipt.lease_until > now:
+        if receipt.expires_at > now and receipt.payload_hash != payload_hash:
+            return Decision.MISMATCH
+        return Decision.IN_FLIGHT
     if receipt.expires_at <= now:
         return Decision.RECLAIM
     if receipt.payload_hash != payload_hash:
@@ -112,14 +148,15 @@ def decide(receipt: Receipt, payload_hash: bytes, now: float) -> Decision:
         return Decision.REPLAY
     if receipt.state is State.RELEASED:
         return Decision.RECLAIM
-    return Decision.IN_FLIGHT if receipt.lease_until > now else Decision.RECOVER
+    return Decision.RECOVER
 
 
 @dataclass(frozen=True, slots=True)
 class Claimed:
-    """The caller owns the key now, with fence 1."""
+    """The caller owns the key now, with fence 1, claimed at the ledger's time ``now``."""
 
     fence: int
+    now: float
     #: The same payload is already in the window under another webhook-id (None: not checked).
     drift: bool | None
 
@@ -139,16 +176,16 @@ async def claim(conn: Connection, c: Claim) -> Claimed | Receipt:
             c.payload_hash,
             c.event_type,
             c.now,
-            c.now + c.lease,
-            c.now + c.window,
+            c.lease,
+            c.window,
             c.body,
         )
         if row is not None and row["claimed"]:
             drift = row["drift"]
-            return Claimed(int(row["fence"]), None if drift is None else bool(drift))
+            return Claimed(int(row["fence"]), row["now"], None if drift is None else bool(drift))
         if row is not None:  # PostgreSQL returns the existing receipt in the same statement
             return Receipt.from_row(k, row)
-        existing = await lookup(conn, k)
+        existing = await lookup(conn, k, c.now)
         if existing is not None:
             return existing
     raise LeaseLost(f"receipt {k.webhook_id!r} kept vanishing while being claimed")
@@ -165,15 +202,15 @@ async def reclaim(conn: Connection, c: Claim, seen_fence: int) -> int | None:
         c.payload_hash,
         c.event_type,
         c.now,
-        c.now + c.lease,
-        c.now + c.window,
+        c.lease,
+        c.window,
         c.body,
     )
     return None if row is None else int(row["fence"])
 
 
-async def lookup(conn: Connection, key: Key) -> Receipt | None:
-    row = await conn.run("lookup", key.provider, key.webhook_id)
+async def lookup(conn: Connection, key: Key, now: float | None = None) -> Receipt | None:
+    row = await conn.run("lookup", key.provider, key.webhook_id, now)
     return None if row is None else Receipt.from_row(key, row)
 
 
@@ -182,7 +219,7 @@ async def complete(
     key: Key,
     fence: int,
     response: StoredResponse,
-    now: float,
+    now: float | None,
     *,
     state: State = State.COMPLETED,
 ) -> None:
@@ -198,12 +235,13 @@ async def complete(
         response.content_type,
         response.body,
         now,
+        encode_headers(response.headers),
     )
     if row is None:
         raise LeaseLost(f"fence {fence} of {key.provider}/{key.webhook_id} is stale")
 
 
-async def release(conn: Connection, key: Key, fence: int, error: str, now: float) -> bool:
+async def release(conn: Connection, key: Key, fence: int, error: str, now: float | None) -> bool:
     """Give the key back after a failed attempt and keep the error; False if the fence is stale."""
     async with conn.transaction():
         row = await conn.run("release", key.provider, key.webhook_id, fence, error, now)
@@ -213,7 +251,10 @@ async def release(conn: Connection, key: Key, fence: int, error: str, now: float
         return True
 
 
-async def extend_lease(conn: Connection, key: Key, fence: int, until: float) -> None:
-    row = await conn.run("extend_lease", key.provider, key.webhook_id, fence, until)
+async def extend_lease(
+    conn: Connection, key: Key, fence: int, now: float | None, seconds: float
+) -> None:
+    """The lease now runs ``seconds`` from the ledger's time; LeaseLost if the fence is stale."""
+    row = await conn.run("extend_lease", key.provider, key.webhook_id, fence, now, seconds)
     if row is None:
         raise LeaseLost(f"fence {fence} of {key.provider}/{key.webhook_id} is stale")

@@ -6,6 +6,13 @@ gateway's ``X-Kong-Request-Id`` or ``X-Request-Id``) and, for rejections, the fa
 Those fields are all it passes: never a body, a secret or a signature. The formatters here only
 render what they are given.
 
+Under any other formatter (plain ``uvicorn module:rx``, an application's own
+``logging.Formatter("%(message)s")``) a line would lose those fields, so every receiver logger
+(:func:`get_logger`) also appends them to the message text as ``key=value`` pairs (strings
+quoted when they contain anything unusual, so a webhook-id cannot forge a line).
+:class:`JSONFormatter` keeps the short message and the fields apart; :class:`TextFormatter`
+shows the message as it is.
+
 ``receiver serve --log-format json|text`` installs them (:func:`logging_config` is the
 ``dictConfig`` handed to uvicorn); an application that configures logging itself can use
 :class:`JSONFormatter` in its own handler.
@@ -17,6 +24,7 @@ import datetime as dt
 import json
 import logging
 import logging.config
+import re
 from typing import Any
 
 import orjson
@@ -30,6 +38,49 @@ _STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {
     "taskName",
     "color_message",  # uvicorn's coloured duplicate of the message
 }
+
+
+_PLAIN = re.compile(r"[\w.:/@+-]+")
+
+
+def _value(value: object) -> str:
+    text = str(value)
+    if isinstance(value, str) and not _PLAIN.fullmatch(text):
+        return json.dumps(text, ensure_ascii=False)  # spaces, quotes, newlines: one token
+    return text
+
+
+class _FieldsInMessage(logging.Filter):
+    """Appends a record's ``extra`` fields to its message (see the module docstring); the
+    message as the code wrote it is kept as ``record._text``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "_text"):
+            text = record.getMessage()
+            fields = " ".join(
+                f"{k}={_value(v)}" for k, v in extras(record).items() if v is not None
+            )
+            record._text = text
+            if fields:
+                record.msg, record.args = f"{text} {fields}", None
+        return True
+
+
+_FIELDS = _FieldsInMessage()
+
+
+def get_logger(name: str) -> logging.Logger:
+    """A receiver logger (``receiver`` or ``receiver.*``) whose lines carry their fields in
+    the message text too."""
+    logger = logging.getLogger(name)
+    logger.addFilter(_FIELDS)  # at most once: addFilter ignores a filter already there
+    return logger
+
+
+def _message(record: logging.LogRecord) -> str:
+    """The message as the code wrote it, without the appended fields."""
+    text = getattr(record, "_text", None)
+    return text if isinstance(text, str) else record.getMessage()
 
 
 def extras(record: logging.LogRecord) -> dict[str, Any]:
@@ -55,7 +106,7 @@ class JSONFormatter(logging.Formatter):
             ),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": _message(record),
         }
         for key, value in extras(record).items():
             out.setdefault(key, value)
@@ -75,6 +126,8 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
+        if hasattr(record, "_text"):  # a receiver logger: the fields are in the message already
+            return line
         fields = " ".join(f"{k}={v}" for k, v in extras(record).items() if v is not None)
         if not fields:
             return line

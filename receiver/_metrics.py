@@ -1,5 +1,5 @@
 """Prometheus metrics of one Receiver: what happened to each delivery, and the evidence of a
-double execution or a drifting key the day it starts (DESIGN.md, Observability).
+double execution or a drifting key the day it starts (README.md, "Metrics").
 
 Each Receiver owns a :class:`Metrics` with its own ``CollectorRegistry`` (unless given one), so
 several receivers in one process, or one per test, never collide. Every series is labelled by
@@ -15,16 +15,16 @@ after every sweeper pass (a count of the whole table is not free on a big one).
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ._logging import get_logger
 from ._store import Store
 
-logger = logging.getLogger("receiver.metrics")
+logger = get_logger("receiver.metrics")
 
 # Outcome values (receiver._pipeline.Outcome), repeated here so that every series of a provider
 # exists from the start at 0: an alert on increase() then sees the very first increment.
@@ -242,7 +242,12 @@ class Metrics:
         self.stale_leases.labels(provider, result).inc()
 
     async def check_drift(
-        self, store: Store, provider: str, webhook_id: str, payload_hash: bytes, now: float
+        self,
+        store: Store,
+        provider: str,
+        webhook_id: str,
+        payload_hash: bytes,
+        now: float | None,
     ) -> None:
         """Key drift: count a freshly claimed delivery whose payload is already in the ledger
         under another webhook-id (one indexed lookup, run after the answer is sent)."""
@@ -259,7 +264,7 @@ class Metrics:
         """A fresh delivery's payload is already in the ledger under another webhook-id."""
         self.key_drift.labels(provider).inc()
         logger.warning(
-            "key drift: this payload was already received under another webhook-id",
+            "ALERT: key drift: this payload was already received under another webhook-id",
             extra={"provider": provider, "webhook_id": webhook_id},
         )
 

@@ -1,6 +1,6 @@
 """One delivery, step by step: verify, parse, claim, decide, run, answer.
 
-This module is the whole behaviour of DESIGN.md "One delivery, step by step". The order is the
+This module is the whole behaviour of README.md "What the sender gets". The order is the
 guarantee: nothing touches the store before verification passes (I5), and no handler runs
 without a claim of its key (I1). Every delivery ends in one :class:`Reply`: the response and
 the :class:`Outcome` that metrics and logs report.
@@ -31,12 +31,14 @@ from ._events import Event
 from ._exceptions import LeaseLost, StoreUnavailable, VerificationError
 from ._handlers import Handler, Registry
 from ._ledger import Claim, Decision, Key, Receipt, State, StoredResponse
+from ._logging import get_logger
 from ._metrics import Metrics
 from ._providers import Provider
 from ._responses import IGNORED, encode, error, replay, stored_error
 from ._store import Connection, Store
+from ._tracing import annotate, handler_span
 
-logger = logging.getLogger("receiver")
+logger = get_logger("receiver")
 
 # An event type is a routing key and a stored column: printable, bounded, no control characters
 # (PostgreSQL text cannot even hold NUL).
@@ -92,11 +94,14 @@ _NEEDS_REVIEW = StoredResponse(
 )
 
 
-class _Retryable(Exception):
-    """A handler answered 5xx (or 429): roll back and release, never store it as the truth."""
+class HandlerAnswered(Exception):
+    """A handler answered 5xx (or 429): roll back and release, never store it as the truth.
+    Its name and message are what ``receiver failed`` shows as the attempt's error."""
 
     def __init__(self, response: StoredResponse) -> None:
-        super().__init__(f"handler answered {response.status}")
+        super().__init__(
+            f"HTTP {response.status}, not stored: the claim was released for the sender's retry"
+        )
         self.response = response
 
 
@@ -137,13 +142,32 @@ class _Job:
     parsed: Parsed
     handlers: Sequence[Handler]
     event: Event
+    #: This process's clock when the delivery arrived: the replay cache's notion of time (the
+    #: ledger's own time is the database's, see Store).
+    arrived: float
     #: Set by a fresh claim: the payload is already in the window under another webhook-id
     #: (None: the store did not check, see :meth:`Pipeline.deliver`).
     drift: bool | None = None
 
 
+@dataclass(slots=True)
+class _Running:
+    """A delivery whose handlers this process is running, as this process's clock sees it."""
+
+    payload_hash: bytes
+    fence: int
+    lease_until: float
+
+
 class Pipeline:
-    """Processes deliveries for one Receiver."""
+    """Processes deliveries for one Receiver.
+
+    No database connection is held while handlers run unless they use ``tx``: the claim and the
+    completion each borrow one, and a handler's first statement borrows the one its transaction
+    needs (see :class:`~receiver._store.LazyConnection`). Deliveries this process is running are
+    remembered, so a duplicate arriving meanwhile is answered (409, or 422 for another payload)
+    without waiting for a connection or SQLite's write lock.
+    """
 
     def __init__(
         self,
@@ -161,6 +185,8 @@ class Pipeline:
         self.clock = clock
         self.retry_after = retry_after
         self.metrics = metrics
+        #: Keys whose handlers this process is running now.
+        self._running: dict[Key, _Running] = {}
 
     async def deliver(
         self, provider: Provider, headers: Headers, body: bytes, client: str | None = None
@@ -181,7 +207,7 @@ class Pipeline:
         hit = None if self.cache is None else self.cache.get(key, now)
         if hit is not None and hit.body_hash == hashlib.sha256(body).digest():
             reply = Reply(replay(hit.response, replayed=True), Outcome.REPLAYED)
-            self._report(provider.name, key.webhook_id, None, reply, started, headers)
+            self._report(provider.name, key.webhook_id, hit.event_type, reply, started, headers)
             return reply
         job = self._prepare(
             provider,
@@ -193,14 +219,23 @@ class Pipeline:
             timestamp=verified.timestamp,
             client=client,
         )
+        running = self._running.get(key)
+        if running is not None and running.lease_until <= now:
+            running = None  # stalled past its lease: the ledger decides, as for any attempt
         if hit is not None and hit.payload_hash == job.claim.payload_hash:
             reply = Reply(replay(hit.response, replayed=True), Outcome.REPLAYED)
         elif hit is not None:
             reply = self._mismatch(key)
+        elif running is not None:
+            # This process is running it now: the ledger would say the same, only later.
+            if running.payload_hash != job.claim.payload_hash:
+                reply = self._mismatch(key)
+            else:
+                wait = max(1, math.ceil(running.lease_until - now))
+                reply = self._busy(running.fence, wait)
         else:
             try:
-                async with self.store.acquire() as conn:
-                    reply = await self._claim_and_run(conn, job)
+                reply = await self._claim_and_run(job)
             except StoreUnavailable as exc:
                 reply = self._unavailable(exc)
         self._report(provider.name, key.webhook_id, job.parsed.event_type, reply, started, headers)
@@ -222,7 +257,7 @@ class Pipeline:
                 key.provider,
                 key.webhook_id,
                 job.parsed.payload_hash,
-                job.claim.now,
+                self.store.now(),
             )
 
     def refused(self, provider: str, headers: Headers, response: Response, check: str) -> Reply:
@@ -240,7 +275,8 @@ class Pipeline:
         started: float,
         headers: Headers,
     ) -> None:
-        """One log line and the metrics of one decision."""
+        """One log line, the metrics and the trace attributes of one decision."""
+        annotate(webhook_id, event_type)
         _log(provider, webhook_id, event_type, reply, started, headers)
         if self.metrics is not None:
             self.metrics.delivered(
@@ -254,7 +290,11 @@ class Pipeline:
         sweeper's recovery of a stale in-flight receipt (external handlers are reconciled,
         never re-run blindly), or with ``reconcile=False`` an operator's dead-letter replay of a
         released, lease-expired or reopened receipt (external handlers run again too: the
-        operator asked). None if another attempt took the receipt over first."""
+        operator asked). None if another attempt took the receipt over first, or if this
+        process is still running it (its lease ran out, but the attempt is alive)."""
+        running = self._running.get(receipt.key)
+        if running is not None and running.lease_until > self.clock():
+            return None
         # The body is kept until completion, and the type as claimed (from the body or, for
         # GitHub-like schemes, from a header), so the job is rebuilt exactly; only the headers
         # of the original request are not kept.
@@ -265,13 +305,13 @@ class Pipeline:
             receipt.event_type,
             self.clock(),
         )
+        if reconcile and _external(job.handlers):
+            return await self._recover_external(job, receipt)
         async with self.store.acquire() as conn:
-            if reconcile and _external(job.handlers):
-                return await self._recover_external(conn, job, receipt)
             fence = await ledger.reclaim(conn, job.claim, receipt.fence)
-            if fence is None:
-                return None
-            return await self._run(conn, job, fence)
+        if fence is None:
+            return None
+        return await self._run(job, fence)
 
     def _prepare(
         self,
@@ -293,7 +333,7 @@ class Pipeline:
             parsed.payload_hash,
             parsed.event_type or None,
             body,
-            now,
+            self.store.now(),
             lease,
             provider.window.window,
         )
@@ -307,7 +347,7 @@ class Pipeline:
             timestamp=_datetime(timestamp),
             client=client,
         )
-        return _Job(claim, parsed, handlers, event)
+        return _Job(claim, parsed, handlers, event, now)
 
     def _unavailable(self, exc: StoreUnavailable) -> Reply:
         response = error(
@@ -318,38 +358,49 @@ class Pipeline:
         )
         return Reply(response, Outcome.STORE_UNAVAILABLE, detail=str(exc))
 
-    async def _claim_and_run(self, conn: Connection, job: _Job) -> Reply:
+    async def _claim_and_run(self, job: _Job) -> Reply:
+        """Claim the key (one connection, one statement in the common case), then run."""
         claim = job.claim
         key = claim.key
         for _ in range(3):
-            got = await ledger.claim(conn, claim)
-            if isinstance(got, ledger.Claimed):
-                job.drift = got.drift
-                return await self._run(conn, job, got.fence)
-            receipt = got
-            decision = ledger.decide(receipt, claim.payload_hash, claim.now)
-            if decision is Decision.REPLAY:
-                assert receipt.response is not None
-                if receipt.state is State.COMPLETED:
-                    self._remember(job, receipt.response, receipt.expires_at)
-                return Reply(replay(receipt.response, replayed=True), Outcome.REPLAYED)
-            if decision is Decision.MISMATCH:
-                return self._mismatch(key)
-            if decision is Decision.IN_FLIGHT:
-                return self._in_flight(receipt, claim.now)
-            if decision is Decision.RECOVER and _external(job.handlers):
-                return await self._recover_external(conn, job, receipt)
-            fence = await ledger.reclaim(conn, claim, receipt.fence)
+            async with self.store.acquire() as conn:
+                got = await ledger.claim(conn, claim)
+                if isinstance(got, ledger.Claimed):
+                    job.drift = got.drift
+                    fence: int | None = got.fence
+                else:
+                    receipt = got
+                    decision = ledger.decide(receipt, claim.payload_hash)
+                    if decision is Decision.REPLAY:
+                        assert receipt.response is not None
+                        if receipt.state is State.COMPLETED:
+                            self._remember(job, receipt.response)
+                        return Reply(replay(receipt.response, replayed=True), Outcome.REPLAYED)
+                    if decision is Decision.MISMATCH:
+                        return self._mismatch(key)
+                    if decision is Decision.IN_FLIGHT:
+                        return self._in_flight(receipt)
+                    if decision is Decision.RECOVER and _external(job.handlers):
+                        break
+                    fence = await ledger.reclaim(conn, claim, receipt.fence)
+                    if fence is not None and decision is Decision.RECOVER:
+                        logger.warning(
+                            "lease expired; running again under a new fence",
+                            extra={
+                                "provider": key.provider,
+                                "webhook_id": key.webhook_id,
+                                "event_type": claim.event_type,
+                                "fence": fence,
+                            },
+                        )
             if fence is not None:
-                if decision is Decision.RECOVER:
-                    logger.warning(
-                        "lease expired; running again under a new fence",
-                        extra={"provider": key.provider, "webhook_id": key.webhook_id},
-                    )
-                return await self._run(conn, job, fence)
+                return await self._run(job, fence)
             # Another attempt reclaimed it between our lookup and our update: look again.
-        response = error(409, "in_flight", "the delivery is being processed", {"retry-after": "1"})
-        return Reply(response, Outcome.IN_FLIGHT)
+        else:
+            return self._busy(None, 1)
+        # Broken out of the loop: an interrupted attempt with external effects (reconciled
+        # without holding a connection).
+        return await self._recover_external(job, receipt)
 
     def _mismatch(self, key: Key) -> Reply:
         logger.warning(
@@ -361,26 +412,39 @@ class Pipeline:
         )
         return Reply(response, Outcome.MISMATCH)
 
-    def _remember(self, job: _Job, response: StoredResponse, expires_at: float) -> None:
-        """Keep a completed receipt for replays by this process."""
+    def _remember(self, job: _Job, response: StoredResponse) -> None:
+        """Keep a completed receipt for replays by this process, until its window ends (as
+        this process's clock counts it: the window starts at the claim, as the delivery
+        arrived)."""
         if self.cache is not None:
             claim = job.claim
             body_hash = hashlib.sha256(claim.body).digest()
-            self.cache.put(claim.key, claim.payload_hash, response, expires_at, body_hash)
+            expires = job.arrived + claim.window
+            self.cache.put(
+                claim.key, claim.payload_hash, response, expires, body_hash, claim.event_type
+            )
 
-    def _in_flight(self, receipt: Receipt, now: float) -> Reply:
-        wait = max(1, math.ceil(receipt.lease_until - now))
+    def _in_flight(self, receipt: Receipt) -> Reply:
+        return self._busy(receipt.fence, max(1, math.ceil(receipt.lease_until - receipt.now)))
+
+    def _busy(self, fence: int | None, wait: int) -> Reply:
         response = error(
             409,
             "in_flight",
             "this delivery is being processed by another attempt; retry later",
             {"retry-after": str(min(wait, self.retry_after))},
         )
-        return Reply(response, Outcome.IN_FLIGHT, receipt.fence)
+        return Reply(response, Outcome.IN_FLIGHT, fence)
+
+    async def _complete_alone(
+        self, job: _Job, fence: int, stored: StoredResponse, state: State = State.COMPLETED
+    ) -> None:
+        """Complete a receipt whose handlers wrote nothing: one autocommitted statement."""
+        async with self.store.acquire() as conn:
+            await ledger.complete(conn, job.claim.key, fence, stored, self.store.now(), state=state)
 
     async def _run(
         self,
-        conn: Connection,
         job: _Job,
         fence: int,
         *,
@@ -397,26 +461,59 @@ class Pipeline:
             handlers = job.handlers
         if job.parsed.problem is not None:
             final = stored_error(400, "invalid_payload", job.parsed.problem)
-            await ledger.complete(conn, key, fence, final, self.clock(), state=State.FAILED)
+            await self._complete_alone(job, fence, final, State.FAILED)
             return Reply(replay(final, replayed=False), Outcome.INVALID, fence)
-        claim = job.claim
         if not handlers and answer is None:
-            await ledger.complete(conn, key, fence, IGNORED, self.clock())
-            self._remember(job, IGNORED, claim.now + claim.window)
+            await self._complete_alone(job, fence, IGNORED)
+            self._remember(job, IGNORED)
             return Reply(replay(IGNORED, replayed=False), Outcome.IGNORED, fence)
-        event = _with_fence(job.event, fence, self._extender(conn, key, fence))
-        finished = False
+        running = _Running(job.claim.payload_hash, fence, self.clock() + job.claim.lease)
+        self._running[key] = running
         try:
-            # Begun by the handlers' first statement: handlers that never use tx cost no
-            # BEGIN/COMMIT, and the completion below is then one autocommitted statement.
-            async with conn.deferred_transaction():
-                result = await self._call(handlers, event, conn)
-                finished = True
-                stored = _final(answer or encode(result), key)
-                await ledger.complete(conn, key, fence, stored, self.clock())
-        except LeaseLost:
+            return await self._execute(job, fence, handlers, answer, running)
+        finally:
+            if self._running.get(key) is running:
+                del self._running[key]
+
+    async def _execute(
+        self,
+        job: _Job,
+        fence: int,
+        handlers: Sequence[Handler],
+        answer: StoredResponse | None,
+        running: _Running,
+    ) -> Reply:
+        key = job.claim.key
+        finished = False
+        failure: Exception | None = None
+        async with self.store.lazy() as tx:
+            event = _with_fence(job.event, fence, self._extender(tx, key, fence, running))
+            try:
+                # Begun by the handlers' first statement: handlers that never use tx borrow no
+                # connection and cost no BEGIN/COMMIT, and the completion below is then one
+                # autocommitted statement.
+                async with tx.deferred_transaction():
+                    result = await self._call(handlers, event, tx)
+                    finished = True
+                    stored = _final(answer or encode(result), key)
+                    await ledger.complete(tx, key, fence, stored, self.store.now())
+            except LeaseLost as exc:
+                failure = exc
+            except StoreUnavailable as exc:
+                if finished:
+                    # The completion itself (or its COMMIT) failed: the database's own failure.
+                    # The claim stays in flight; its lease runs out and a redelivery recovers it.
+                    raise
+                # A statement the handlers sent failed to reach the store: their failure; if
+                # the store is truly gone, the release below fails too (503).
+                failure = exc
+            except Exception as exc:
+                # A handler's own exception, whatever its type (a downstream timeout, a refused
+                # connection, a driver error of its own making): a handler failure, never 503.
+                failure = exc
+        if isinstance(failure, LeaseLost):
             if finished:
-                await self._ran_twice(conn, key, fence, handlers)
+                await self._ran_twice(key, fence, handlers)
             logger.warning(
                 "lease lost: a newer attempt owns this delivery; rolled back",
                 extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
@@ -425,11 +522,9 @@ class Pipeline:
                 409, "in_flight", "a newer attempt owns this delivery", {"retry-after": "1"}
             )
             return Reply(response, Outcome.LEASE_LOST, fence)
-        except StoreUnavailable:
-            raise
-        except Exception as exc:
-            return await self._failed(conn, key, fence, exc)
-        self._remember(job, stored, claim.now + claim.window)
+        if failure is not None:
+            return await self._failed(key, fence, failure)
+        self._remember(job, stored)
         outcome = Outcome.EXECUTED if answer is None else Outcome.RECONCILED
         return Reply(replay(stored, replayed=False), outcome, fence)
 
@@ -439,7 +534,8 @@ class Pipeline:
         try:
             result: Any = None
             for handler in handlers:
-                returned = await handler.func(event, conn)
+                with handler_span(handler, event):
+                    returned = await handler.func(event, conn)
                 if returned is not None:
                     result = returned
             return result
@@ -447,14 +543,13 @@ class Pipeline:
             if self.metrics is not None:
                 self.metrics.handler_time(event.provider, time.perf_counter() - began)
 
-    async def _ran_twice(
-        self, conn: Connection, key: Key, fence: int, handlers: Sequence[Handler]
-    ) -> None:
+    async def _ran_twice(self, key: Key, fence: int, handlers: Sequence[Handler]) -> None:
         """The handlers ran to the end, then the fenced completion was refused. If another
         attempt has completed the key, its handlers ran to the end twice: a double execution.
         The fence rolled back this attempt's writes through ``tx``; nothing else it did."""
         try:
-            receipt = await ledger.lookup(conn, key)
+            async with self.store.acquire() as conn:
+                receipt = await ledger.lookup(conn, key, self.store.now())
         except StoreUnavailable:
             return
         if receipt is None or receipt.state is not State.COMPLETED:
@@ -469,62 +564,76 @@ class Pipeline:
         if self.metrics is not None:
             self.metrics.double_execution(key.provider, evidence)
 
-    async def _failed(self, conn: Connection, key: Key, fence: int, exc: Exception) -> Reply:
+    async def _failed(self, key: Key, fence: int, exc: Exception) -> Reply:
         """The handlers raised or answered 5xx: their transaction rolled back; release the key
-        so that the sender's retry runs them again, and keep the error."""
+        (on a connection of its own: the handlers' may be broken) so that the sender's retry
+        runs them again, and keep the error. Only if the release cannot reach the store is the
+        answer 503."""
         # NUL cannot be stored in PostgreSQL text; the message is for people anyway.
         message = f"{type(exc).__name__}: {exc}".replace("\x00", "\\x00")[:2000]
         logger.error(
             "handler failed; claim released",
             extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
-            exc_info=not isinstance(exc, _Retryable),
+            # The exception itself: this runs after its except block has ended.
+            exc_info=None if isinstance(exc, HandlerAnswered) else exc,
         )
-        await ledger.release(conn, key, fence, message, self.clock())
-        if isinstance(exc, _Retryable) and exc.response.status == 429:
+        async with self.store.acquire() as conn:
+            await ledger.release(conn, key, fence, message, self.store.now())
+        if isinstance(exc, HandlerAnswered) and exc.response.status == 429:
             return Reply(replay(exc.response, replayed=False), Outcome.HANDLER_FAILED, fence)
         response = error(500, "handler_failed", "the handler failed; retry later")
         return Reply(response, Outcome.HANDLER_FAILED, fence)
 
-    async def _recover_external(self, conn: Connection, job: _Job, receipt: Receipt) -> Reply:
+    async def _recover_external(self, job: _Job, receipt: Receipt) -> Reply:
         """An attempt with external effects died or stalled. Never re-run it blindly: each
         external handler's reconcile() asks the outside world what happened."""
         key = job.claim.key
-        fence = await ledger.reclaim(conn, job.claim, receipt.fence)
+        async with self.store.acquire() as conn:
+            fence = await ledger.reclaim(conn, job.claim, receipt.fence)
         if fence is None:
-            return self._in_flight(receipt, job.claim.now)
+            return self._in_flight(receipt)
         externals = [h for h in job.handlers if h.effects == "external"]
-        event = _with_fence(job.event, fence, self._extender(conn, key, fence))
         if any(h.reconcile is None for h in externals):
             logger.error(
                 "ALERT: interrupted external handler has no reconcile(); receipt marked failed",
                 extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
             )
-            await ledger.complete(conn, key, fence, _NEEDS_REVIEW, self.clock(), state=State.FAILED)
+            await self._complete_alone(job, fence, _NEEDS_REVIEW, State.FAILED)
             return Reply(replay(_NEEDS_REVIEW, replayed=False), Outcome.NEEDS_REVIEW, fence)
-        try:
-            results = [await h.reconcile(event) for h in externals if h.reconcile is not None]
-        except Exception as exc:
-            return await self._failed(conn, key, fence, exc)
+        async with self.store.lazy() as conn:
+            event = _with_fence(job.event, fence, self._extender(conn, key, fence))
+            try:
+                results = [await h.reconcile(event) for h in externals if h.reconcile is not None]
+            except Exception as exc:
+                failure: Exception | None = exc
+            else:
+                failure = None
+        if failure is not None:
+            return await self._failed(key, fence, failure)
         if any(isinstance(r, RunAgain) for r in results):
-            return await self._run(conn, job, fence)
+            return await self._run(job, fence)
         # The external effects happened; the transactional handlers' writes died with the
         # interrupted transaction, so they run again, and the reconciled answer is stored.
         answer = next((r for r in reversed(results) if r is not None), None)
         transactional = [h for h in job.handlers if h.effects == "transactional"]
-        return await self._run(conn, job, fence, handlers=transactional, answer=encode(answer))
+        return await self._run(job, fence, handlers=transactional, answer=encode(answer))
 
-    def _extender(self, conn: Connection, key: Key, fence: int) -> Callable[[float], Any]:
+    def _extender(
+        self, tx: Connection, key: Key, fence: int, running: _Running | None = None
+    ) -> Callable[[float], Any]:
         async def extend(seconds: float) -> None:
-            until = self.clock() + seconds
-            if self.store.dialect == "sqlite":
+            if running is not None:
+                running.lease_until = self.clock() + seconds
+            if self.store.dialect == "sqlite" and tx.in_transaction:
                 # The handler's transaction holds SQLite's only write lock, so no other attempt
                 # can take the key over before it ends anyway; extend within it.
-                await ledger.extend_lease(conn, key, fence, until)
+                await ledger.extend_lease(tx, key, fence, self.store.now(), seconds)
                 return
-            # A separate connection: an update inside the handler's own transaction would stay
-            # invisible to other attempts until it committed, which is too late to help.
-            async with self.store.acquire() as other:
-                await ledger.extend_lease(other, key, fence, until)
+            # Outside the handlers' transaction: an update inside it would stay invisible to
+            # other attempts until it committed, which is too late to help. The store lends a
+            # connection that does not come from the (possibly exhausted) pool.
+            async with self.store.acquire_aside() as other:
+                await ledger.extend_lease(other, key, fence, self.store.now(), seconds)
 
         return extend
 
@@ -577,12 +686,12 @@ def _with_fence(event: Event, fence: int, extend: Callable[[float], Any]) -> Eve
 def _final(stored: StoredResponse, key: Key) -> StoredResponse:
     """Apply the rules for what a handler may answer."""
     if stored.status >= 500 or stored.status == 429:
-        raise _Retryable(stored)
+        raise HandlerAnswered(stored)
     if stored.status == 410:
         # Standard Webhooks senders disable the endpoint on 410: never send it.
         logger.warning(
             "handler answered 410; sent as 400 so the sender does not disable the endpoint",
             extra={"provider": key.provider, "webhook_id": key.webhook_id},
         )
-        return StoredResponse(400, stored.content_type, stored.body)
+        return StoredResponse(400, stored.content_type, stored.body, stored.headers)
     return stored

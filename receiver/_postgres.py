@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import asyncpg
@@ -63,10 +63,22 @@ class PostgresConnection(Connection):
 
     @contextlib.asynccontextmanager
     async def _transaction(self) -> AsyncIterator[None]:
-        # asyncpg turns a nested transaction() into a savepoint.
+        # asyncpg turns a nested transaction() into a savepoint. Only BEGIN, COMMIT and
+        # ROLLBACK are translated here: whatever the body raises (a handler's TimeoutError,
+        # OSError or driver misuse) is the body's own failure, never "the store is down".
+        transaction = self._conn.transaction()
         with _translated():
-            async with self._conn.transaction():
-                yield
+            await transaction.start()
+        try:
+            yield
+        except BaseException:
+            # A rollback on a connection the body broke can fail too; the body's exception is
+            # the one that matters, and asyncpg discards the connection's state on release.
+            with contextlib.suppress(Exception):
+                await transaction.rollback()
+            raise
+        with _translated():
+            await transaction.commit()
 
 
 async def _no_reset(conn: asyncpg.Connection) -> None:
@@ -92,7 +104,9 @@ class PostgresStore(Store):
         max_size: int = 10,
         acquire_timeout: float = 5.0,
         connect_timeout: float = 5.0,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        self.clock = clock
         if (dsn is None) == (pool is None):
             from ._exceptions import ConfigurationError
 
@@ -105,6 +119,8 @@ class PostgresStore(Store):
         self._acquire_timeout = acquire_timeout
         self._connect_timeout = connect_timeout
         self._opening = asyncio.Lock()
+        self._aside: asyncpg.Connection | None = None
+        self._aside_lock = asyncio.Lock()
 
     @property
     def url(self) -> str:
@@ -132,6 +148,10 @@ class PostgresStore(Store):
             )
 
     async def close(self) -> None:
+        if self._aside is not None:
+            aside, self._aside = self._aside, None
+            with contextlib.suppress(Exception):
+                await aside.close(timeout=self._connect_timeout)
         if self._pool is not None and self._owns_pool:
             await self._pool.close()
             self._pool = None
@@ -160,6 +180,25 @@ class PostgresStore(Store):
             # failing clean-up must never replace the answer (503) with a 500.
             with contextlib.suppress(Exception):
                 conn.terminate()
+
+    @contextlib.asynccontextmanager
+    async def acquire_aside(self) -> AsyncIterator[Connection]:
+        """One connection of its own, outside the pool, shared (in turn) by the lease
+        extensions of handlers that hold pooled connections in their transactions: with every
+        pooled connection taken, an extension must still get through."""
+        if self._dsn is None:
+            # A shared pool: this store does not know how to connect on its own; size the
+            # application's pool for the handlers that extend their leases.
+            async with self.acquire() as pooled:
+                yield pooled
+            return
+        async with self._aside_lock:
+            conn = self._aside
+            if conn is None or conn.is_closed():
+                with _translated():
+                    conn = await asyncpg.connect(self._dsn, timeout=self._connect_timeout)
+                self._aside = conn
+            yield PostgresConnection(conn)
 
     async def migrate(self) -> None:
         async with self.acquire() as conn, conn.transaction():

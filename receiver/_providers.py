@@ -67,6 +67,12 @@ class Provider:
         self.window: DedupWindow = dedup_window(
             schedule, review_margin=review_margin, ttl=ttl, provider=name
         )
+        if self.window.window < self.lease:
+            raise ConfigurationError(
+                f"provider {name!r}: the dedup window ({self.window.window:g} s) is shorter than "
+                f"the lease ({self.lease:g} s): a receipt would expire while an attempt still "
+                "holds it; raise ttl or lower lease"
+            )
 
     def __repr__(self) -> str:
         # Never the secrets: the verifier's own repr hides them too.

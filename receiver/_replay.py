@@ -19,19 +19,35 @@ replayed: its effects committed once, and its stored answer is what every redeli
 from __future__ import annotations
 
 import dataclasses
-import logging
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Protocol
 
 from . import _ledger as ledger
 from ._exceptions import ReceiverError
 from ._ledger import Key, Receipt, State
-from ._pipeline import Reply
+from ._logging import get_logger
+from ._metrics import Metrics
+from ._pipeline import Pipeline, Reply
+from ._providers import Provider
+from ._store import Store
 
-if TYPE_CHECKING:
-    from ._app import Receiver
+logger = get_logger("receiver")
 
-logger = logging.getLogger("receiver")
+
+class Receiver(Protocol):
+    """What a replay needs of a :class:`~receiver.Receiver` (named structurally, so that this
+    module does not import the app that imports it)."""
+
+    @property
+    def providers(self) -> Mapping[str, Provider]: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def pipeline(self) -> Pipeline: ...
+    @property
+    def metrics(self) -> Metrics | None: ...
+    @property
+    def clock(self) -> Callable[[], float]: ...
 
 
 class ReplayRefused(ReceiverError):
@@ -47,9 +63,9 @@ async def replay(rx: Receiver, provider_name: str, webhook_id: str) -> Reply:
             f"(configured: {', '.join(sorted(rx.providers)) or 'none'})"
         )
     key = Key(provider_name, webhook_id)
-    now = rx.clock()
+    now = rx.store.now()
     async with rx.store.acquire() as conn:
-        receipt = _replayable(key, await ledger.lookup(conn, key), now)
+        receipt = _replayable(key, await ledger.lookup(conn, key, now))
         if receipt.state is State.FAILED:
             reopened = await conn.run("reopen", key.provider, key.webhook_id, receipt.fence, now)
             if reopened is None:
@@ -78,7 +94,7 @@ async def replay(rx: Receiver, provider_name: str, webhook_id: str) -> Reply:
     return reply
 
 
-def _replayable(key: Key, receipt: Receipt | None, now: float) -> Receipt:
+def _replayable(key: Key, receipt: Receipt | None) -> Receipt:
     if receipt is None:
         raise ReplayRefused(f"no receipt for {_name(key)}: never received, or expired and deleted")
     if receipt.state is State.COMPLETED:
@@ -88,6 +104,7 @@ def _replayable(key: Key, receipt: Receipt | None, now: float) -> Receipt:
             f"(HTTP {status}) is replayed to every redelivery; completed receipts are never "
             "run again"
         )
+    now = receipt.now
     if receipt.state is State.IN_FLIGHT and receipt.lease_until > now:
         raise ReplayRefused(
             f"{_name(key)} is in flight: the attempt with fence {receipt.fence} holds its lease "

@@ -44,13 +44,40 @@ def encode(result: Any) -> StoredResponse:
                 f"handlers must return a Response with a body, not {type(result).__name__}: "
                 "a stream cannot be stored for replay"
             )
-        content_type = result.headers.get("content-type", "application/octet-stream")
-        return StoredResponse(result.status_code, content_type, bytes(result.body))
+        content_type = result.headers.get("content-type", "")
+        kept = tuple(
+            (name.decode("latin-1"), value.decode("latin-1"))
+            for name, value in result.raw_headers
+            if name.lower() not in _NOT_STORED
+        )
+        return StoredResponse(result.status_code, content_type, bytes(result.body), kept)
     return StoredResponse(200, JSON, orjson.dumps(result))
 
 
+# Headers that describe one transfer or that the receiver sets itself, never the answer:
+# everything else a handler sets (Retry-After, Location, its own) is stored and replayed.
+_NOT_STORED = frozenset(
+    {
+        b"content-type",  # stored on its own
+        b"content-length",
+        b"transfer-encoding",
+        b"connection",
+        b"keep-alive",
+        b"date",
+        b"server",
+        b"idempotent-replayed",
+    }
+)
+
+
 def replay(stored: StoredResponse, *, replayed: bool) -> Response:
-    headers = {"content-type": stored.content_type}
+    """The stored answer as a response: status, body, content type and the handler's headers,
+    in their stored order, byte for byte."""
+    response = Response(stored.body, stored.status)
+    raw = response.raw_headers  # content-length, computed from the body
+    if stored.content_type:
+        raw.append((b"content-type", stored.content_type.encode("latin-1")))
+    raw.extend((n.encode("latin-1"), v.encode("latin-1")) for n, v in stored.headers)
     if replayed:
-        headers["idempotent-replayed"] = "true"
-    return Response(stored.body, stored.status, headers=headers)
+        raw.append((b"idempotent-replayed", b"true"))
+    return response

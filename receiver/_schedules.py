@@ -406,9 +406,9 @@ def dedup_window(
 ) -> DedupWindow:
     """The dedup window for a provider's receipts.
 
-    Without ``ttl``: ``span + review_margin`` rounded up to a whole hour, and at least ``floor``
-    (also rounded up to a whole hour). The margin covers a person pressing "resend" after the
-    automatic retries are over.
+    Without ``ttl``: ``span + review_margin`` rounded up to a whole hour, at least one hour,
+    and at least ``floor`` (also rounded up to a whole hour). The margin covers a person
+    pressing "resend" after the automatic retries are over.
 
     With ``ttl``: the window is exactly ``ttl``. A TTL shorter than the span raises
     ConfigurationError, since a receipt would expire while the sender still retries. A TTL
@@ -420,7 +420,9 @@ def dedup_window(
     minimum = _seconds(floor, f"provider {provider!r}: floor")
     span = sched.span
     if ttl is None:
-        window = _ceil_to_hour(max(span + margin, minimum))
+        # At least one hour: a window of 0 s (schedule [0], no margin) would forget a delivery
+        # before its own attempt ended.
+        window = max(HOUR, _ceil_to_hour(max(span + margin, minimum)))
         return DedupWindow(provider, sched, span, margin, window)
     chosen = _seconds(ttl, f"provider {provider!r}: ttl")
     if chosen <= 0:

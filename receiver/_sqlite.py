@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import re
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +95,14 @@ class SQLiteStore(Store):
 
     dialect = "sqlite"
 
-    def __init__(self, path: str | Path, *, busy_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        busy_timeout: float = 5.0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.clock = clock
         self._path = str(path)
         self._busy_timeout = busy_timeout
         self._conn: aiosqlite.Connection | None = None
@@ -138,9 +145,21 @@ class SQLiteStore(Store):
     async def acquire(self) -> AsyncIterator[Connection]:
         if self._conn is None:
             await self.open()
-        async with self._lock:
+        # Deliveries of this process take turns on one connection. The wait is bounded like
+        # SQLite's own busy timeout is across processes: past it, the answer is 503.
+        try:
+            async with asyncio.timeout(self._busy_timeout):
+                await self._lock.acquire()
+        except TimeoutError:
+            raise StoreUnavailable(
+                f"SQLite busy: another delivery of this process held the database for over "
+                f"{self._busy_timeout:g} s (busy_timeout)"
+            ) from None
+        try:
             assert self._conn is not None
             yield SQLiteConnection(self._conn)
+        finally:
+            self._lock.release()
 
     async def migrate(self) -> None:
         # open() already creates the schema: an embedded store must work with no set-up step.

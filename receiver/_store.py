@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, ClassVar
 
-from ._exceptions import ConfigurationError, ReceiverError
+from ._exceptions import ReceiverError
 from ._queries import queries
 
 Row = Mapping[str, Any]
@@ -34,7 +34,7 @@ class Connection(abc.ABC):
     a handler, ``await tx.begin()`` before using it, so that its statements join the transaction.
     """
 
-    dialect: ClassVar[str]
+    dialect: str
 
     def __init__(self) -> None:
         # The handlers' deferred transaction: entered by the first statement they send.
@@ -88,6 +88,11 @@ class Connection(abc.ABC):
         async with self._transaction():
             yield
 
+    @property
+    def in_transaction(self) -> bool:
+        """True once the handlers' deferred transaction has begun."""
+        return self._deferred is not None and self._begun
+
     @contextlib.asynccontextmanager
     async def deferred_transaction(self) -> AsyncIterator[None]:
         """The handlers' transaction, begun by their first statement (see the class docstring).
@@ -133,10 +138,67 @@ class Connection(abc.ABC):
         return await self._fetch(queries(self.dialect)[name], *args)
 
 
+class LazyConnection(Connection):
+    """The handlers' ``tx``: a connection borrowed from the store by the first statement sent
+    through it, and handed back when the delivery ends. A handler that never touches ``tx``
+    holds no pooled connection (nor SQLite's write lock) however long it runs, so slow handlers
+    cannot starve the claims and duplicates of other deliveries."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__()
+        self.dialect = store.dialect
+        self._store = store
+        self._lent: AbstractAsyncContextManager[Connection] | None = None
+        self._conn: Connection | None = None
+
+    async def _borrow(self) -> Connection:
+        if self._conn is None:
+            lent = self._store.acquire()
+            self._conn = await lent.__aenter__()
+            self._lent = lent
+        return self._conn
+
+    async def close(self) -> None:
+        """Hand the connection back, if one was borrowed."""
+        lent, self._lent, self._conn = self._lent, None, None
+        if lent is not None:
+            await lent.__aexit__(None, None, None)
+
+    def _raw(self) -> Any:
+        if self._conn is None:
+            raise ReceiverError(
+                "tx.raw is used before tx holds a connection: call `await tx.begin()` first"
+            )
+        return self._conn._raw()
+
+    async def _execute(self, query: str, *args: Any) -> None:
+        await (await self._borrow())._execute(query, *args)
+
+    async def _fetch(self, query: str, *args: Any) -> list[Row]:
+        return await (await self._borrow())._fetch(query, *args)
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[None]:
+        async with (await self._borrow())._transaction():
+            yield
+
+
 class Store(abc.ABC):
-    """Where receipts live. Open it once (the Receiver's lifespan does), then acquire per use."""
+    """Where receipts live. Open it once (the Receiver's lifespan does), then acquire per use.
+
+    The ledger's time (claims, leases, expiry, the sweeper) is the database's own clock, so that
+    replicas whose clocks disagree never take over each other's live leases. ``clock`` replaces
+    it with a function returning unix seconds: for tests that move time by hand, never for
+    several processes at once.
+    """
 
     dialect: ClassVar[str]
+    #: An injected ledger clock, or None for the database's (see the class docstring).
+    clock: Callable[[], float] | None = None
+
+    def now(self) -> float | None:
+        """The time to hand the ledger's statements: None means the database's clock."""
+        return None if self.clock is None else self.clock()
 
     @abc.abstractmethod
     async def open(self) -> None:
@@ -150,6 +212,21 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def acquire(self) -> AbstractAsyncContextManager[Connection]:
         """Borrow a connection (in autocommit mode) for one delivery."""
+
+    @contextlib.asynccontextmanager
+    async def lazy(self) -> AsyncIterator[LazyConnection]:
+        """A :class:`LazyConnection`: borrows a connection only when first used."""
+        conn = LazyConnection(self)
+        try:
+            yield conn
+        finally:
+            await conn.close()
+
+    def acquire_aside(self) -> AbstractAsyncContextManager[Connection]:
+        """A connection for a short ledger write that must commit on its own while the caller
+        holds another one (a lease extension inside a handler's transaction). Stores whose pool
+        can be exhausted by such holders lend one from outside the pool."""
+        return self.acquire()
 
     @abc.abstractmethod
     async def migrate(self) -> None:
@@ -172,21 +249,3 @@ def split_statements(script: str) -> Sequence[str]:
     """Split a schema script into statements (the schemas contain no ';' inside literals)."""
     lines = [line for line in script.splitlines() if not line.lstrip().startswith("--")]
     return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
-
-
-def store_from_url(url: str) -> Store:
-    """Build a store from a URL: ``postgresql://...`` or ``sqlite:///path/to/file.db``."""
-    if url.startswith(("postgresql://", "postgres://")):
-        from ._postgres import PostgresStore
-
-        return PostgresStore(url)
-    if url.startswith("sqlite://"):
-        from ._sqlite import SQLiteStore
-
-        path = url.removeprefix("sqlite://")
-        # sqlite:///relative.db -> "relative.db"; sqlite:////abs/path.db -> "/abs/path.db"
-        return SQLiteStore(path[1:] if path.startswith("/") else path)
-    raise ConfigurationError(
-        f"unsupported store URL {url.split('://')[0]!r}://...: use postgresql://user@host/db "
-        "or sqlite:///path/to/receipts.db"
-    )

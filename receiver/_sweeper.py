@@ -10,7 +10,6 @@ deleting a row twice deletes it once.
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -18,12 +17,13 @@ from dataclasses import dataclass
 from . import _ledger as ledger
 from ._exceptions import StoreUnavailable
 from ._ledger import Key, Receipt, State
+from ._logging import get_logger
 from ._pipeline import Outcome, Pipeline
 from ._providers import Provider
 from ._responses import stored_error
 from ._store import Store
 
-logger = logging.getLogger("receiver.sweeper")
+logger = get_logger("receiver.sweeper")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +42,7 @@ async def sweep(
     pipeline: Pipeline,
     providers: Mapping[str, Provider],
     *,
-    now: float,
+    now: float | None,
     batch: int = 100,
     max_batches: int = 10,
 ) -> SweepReport:
@@ -95,7 +95,7 @@ def _count(pipeline: Pipeline, provider: str, result: str) -> None:
         pipeline.metrics.swept(provider, result)
 
 
-async def _fail(store: Store, receipt: Receipt, now: float, reason: str) -> bool:
+async def _fail(store: Store, receipt: Receipt, now: float | None, reason: str) -> bool:
     """Mark a stale receipt failed under the next fence; False if someone else took it."""
     async with store.acquire() as conn:
         claim = ledger.Claim(
@@ -105,7 +105,7 @@ async def _fail(store: Store, receipt: Receipt, now: float, reason: str) -> bool
             receipt.request_body or b"",
             now,
             60.0,
-            receipt.expires_at - now,
+            max(60.0, receipt.expires_at - receipt.now),
         )
         fence = await ledger.reclaim(conn, claim, receipt.fence)
         if fence is None:

@@ -7,7 +7,7 @@ import collections
 import re
 import sqlite3
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import orjson
@@ -19,6 +19,7 @@ from receiver._store import Connection
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 PROVIDER = "acme"
 T0 = 1_800_000_000.0
+S = TypeVar("S", bound=Store)
 
 EFFECTS_DDL = (
     "CREATE TABLE IF NOT EXISTS effects ("
@@ -37,6 +38,13 @@ class Clock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+def ledger_clock(store: S, clock: Clock) -> S:
+    """Give ``store`` the tests' clock as its ledger clock (instead of the database's), so
+    that moving the clock moves leases and expiry too."""
+    store.clock = clock
+    return store
 
 
 def body_of(event_type: str = "order.created", **data: Any) -> bytes:
@@ -94,7 +102,12 @@ def make_receiver(
     store: Store, *, clock: Clock | None = None, lease: float = 60.0, **options: Any
 ) -> tuple[Receiver, Recorder]:
     """A receiver whose ``order.*`` handler writes one ``effects`` row, then behaves as the
-    payload's ``data.mode`` says: ``ok``, ``raise``, ``status`` (return ``data.status``)."""
+    payload's ``data.mode`` says: ``ok``, ``raise``, ``status`` (return ``data.status``).
+
+    A ``clock`` drives the ledger too (the store's clock, unless the store has one already),
+    so that tests move leases and expiry by hand."""
+    if clock is not None and store.clock is None:
+        store.clock = clock
     rx = Receiver(
         store,
         [Provider(PROVIDER, [SECRET], lease=lease)],

@@ -9,71 +9,85 @@
 -- drift: a sender that regenerates ids on retry defeats dedup). If it loses, the row is the
 -- existing receipt (without its request body). No row at all: the conflicting claim committed
 -- after this statement's snapshot was taken; the caller looks the key up again.
-WITH claimed AS (
+-- Time is the database's ($5 NULL) unless the store was given a clock: leases and expiry are
+-- never judged by each replica's own clock. $6 and $7 are the lease and the window in seconds;
+-- "now" comes back so that the caller decides with the same clock.
+WITH t AS (SELECT COALESCE(to_timestamp($5::float8), statement_timestamp()) AS now),
+claimed AS (
     INSERT INTO receiver_receipts
         (provider, webhook_id, payload_hash, state, fence, event_type,
          claimed_at, lease_until, expires_at, request_body)
-    VALUES ($1, $2, $3, 'in_flight', 1, $4,
-            to_timestamp($5), to_timestamp($6), to_timestamp($7), $8)
+    SELECT $1, $2, $3, 'in_flight', 1, $4,
+           t.now, t.now + $6::float8 * interval '1 second',
+           t.now + $7::float8 * interval '1 second', $8
+    FROM t
     ON CONFLICT (provider, webhook_id) DO NOTHING
-    RETURNING fence
+    RETURNING fence, claimed_at
 )
-SELECT true AS claimed, fence,
+SELECT true AS claimed, c.fence, extract(epoch FROM c.claimed_at)::float8 AS now,
        EXISTS (
            SELECT 1 FROM receiver_receipts d
            WHERE d.provider = $1 AND d.payload_hash = $3 AND d.webhook_id <> $2
-             AND d.expires_at > to_timestamp($5)
+             AND d.expires_at > c.claimed_at
        ) AS drift,
        NULL::text AS state, NULL::bytea AS payload_hash, NULL::text AS event_type,
        NULL::float8 AS claimed_at, NULL::float8 AS lease_until, NULL::float8 AS expires_at,
        NULL::float8 AS completed_at, NULL::integer AS response_status,
        NULL::text AS response_content_type, NULL::bytea AS response_body,
+       NULL::bytea AS response_headers,
        NULL::bytea AS request_body, NULL::integer AS attempts, NULL::text AS last_error
-FROM claimed
+FROM claimed c
 UNION ALL
-SELECT false, r.fence, NULL, r.state, r.payload_hash, r.event_type,
+SELECT false, r.fence, (SELECT extract(epoch FROM t.now)::float8 FROM t), NULL,
+       r.state, r.payload_hash, r.event_type,
        extract(epoch FROM r.claimed_at)::float8,
        extract(epoch FROM r.lease_until)::float8,
        extract(epoch FROM r.expires_at)::float8,
        extract(epoch FROM r.completed_at)::float8,
-       r.response_status, r.response_content_type, r.response_body,
+       r.response_status, r.response_content_type, r.response_body, r.response_headers,
        NULL, r.attempts, r.last_error
 FROM receiver_receipts r
 WHERE r.provider = $1 AND r.webhook_id = $2 AND NOT EXISTS (SELECT 1 FROM claimed);
 
 -- name: lookup
 SELECT state, fence, payload_hash, event_type,
+       extract(epoch FROM COALESCE(to_timestamp($3::float8), statement_timestamp()))::float8
+           AS now,
        extract(epoch FROM claimed_at)::float8 AS claimed_at,
        extract(epoch FROM lease_until)::float8 AS lease_until,
        extract(epoch FROM expires_at)::float8 AS expires_at,
        extract(epoch FROM completed_at)::float8 AS completed_at,
-       response_status, response_content_type, response_body, request_body,
+       response_status, response_content_type, response_body, response_headers, request_body,
        attempts, last_error
 FROM receiver_receipts
 WHERE provider = $1 AND webhook_id = $2;
 
 -- name: reclaim
 -- Compare-and-set on the fence seen by the caller: of several callers that saw the same
--- released, lease-expired or expired row, exactly one gets it, with the next fence.
+-- released, lease-expired or expired row, exactly one gets it, with the next fence. A live
+-- lease always wins over expiry: an attempt still running is never taken over.
+WITH t AS (SELECT COALESCE(to_timestamp($6::float8), statement_timestamp()) AS now)
 UPDATE receiver_receipts
 SET fence = fence + 1,
     state = 'in_flight',
-    attempts = CASE WHEN expires_at <= to_timestamp($6) THEN 0 ELSE attempts END,
-    last_error = CASE WHEN expires_at <= to_timestamp($6) THEN NULL ELSE last_error END,
+    attempts = CASE WHEN expires_at <= t.now THEN 0 ELSE attempts END,
+    last_error = CASE WHEN expires_at <= t.now THEN NULL ELSE last_error END,
     payload_hash = $4,
     event_type = $5,
-    claimed_at = to_timestamp($6),
-    lease_until = to_timestamp($7),
-    expires_at = to_timestamp($8),
+    claimed_at = t.now,
+    lease_until = t.now + $7::float8 * interval '1 second',
+    expires_at = t.now + $8::float8 * interval '1 second',
     request_body = $9,
     completed_at = NULL,
     response_status = NULL,
     response_content_type = NULL,
-    response_body = NULL
+    response_body = NULL,
+    response_headers = NULL
+FROM t
 WHERE provider = $1 AND webhook_id = $2 AND fence = $3
   AND (state = 'released'
-       OR (state = 'in_flight' AND lease_until <= to_timestamp($6))
-       OR expires_at <= to_timestamp($6))
+       OR (state = 'in_flight' AND lease_until <= t.now)
+       OR (state <> 'in_flight' AND expires_at <= t.now))
 RETURNING fence;
 
 -- name: complete
@@ -83,7 +97,8 @@ SET state = $4,
     response_status = $5,
     response_content_type = $6,
     response_body = $7,
-    completed_at = to_timestamp($8),
+    response_headers = $9,
+    completed_at = COALESCE(to_timestamp($8::float8), statement_timestamp()),
     request_body = CASE WHEN $4 = 'completed' THEN NULL ELSE request_body END
 WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state = 'in_flight'
 RETURNING fence;
@@ -94,13 +109,13 @@ UPDATE receiver_receipts
 SET state = 'released',
     attempts = attempts + 1,
     last_error = $4,
-    lease_until = to_timestamp($5)
+    lease_until = COALESCE(to_timestamp($5::float8), statement_timestamp())
 WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state = 'in_flight'
 RETURNING fence;
 
 -- name: record_attempt
 INSERT INTO receiver_attempts (provider, webhook_id, fence, failed_at, error)
-VALUES ($1, $2, $3, to_timestamp($4), $5)
+VALUES ($1, $2, $3, COALESCE(to_timestamp($4::float8), statement_timestamp()), $5)
 ON CONFLICT (provider, webhook_id, fence)
 DO UPDATE SET failed_at = EXCLUDED.failed_at, error = EXCLUDED.error;
 
@@ -111,8 +126,16 @@ WHERE provider = $1 AND webhook_id = $2
 ORDER BY fence;
 
 -- name: extend_lease
+-- The lease runs $5 seconds from now; the window grows with it if it must (a live lease
+-- always wins over expiry anyway).
+WITH t AS (
+    SELECT COALESCE(to_timestamp($4::float8), statement_timestamp())
+           + $5::float8 * interval '1 second' AS until
+)
 UPDATE receiver_receipts
-SET lease_until = to_timestamp($4)
+SET lease_until = t.until,
+    expires_at = GREATEST(expires_at, t.until)
+FROM t
 WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state = 'in_flight'
 RETURNING fence;
 
@@ -122,14 +145,17 @@ SELECT count(*) AS n FROM receiver_receipts WHERE false;
 -- name: stale
 -- In-flight receipts whose lease ran out: their attempt died or stalled (the sweeper's work).
 SELECT provider, webhook_id, state, fence, payload_hash, event_type,
+       extract(epoch FROM COALESCE(to_timestamp($1::float8), statement_timestamp()))::float8
+           AS now,
        extract(epoch FROM claimed_at)::float8 AS claimed_at,
        extract(epoch FROM lease_until)::float8 AS lease_until,
        extract(epoch FROM expires_at)::float8 AS expires_at,
        extract(epoch FROM completed_at)::float8 AS completed_at,
-       response_status, response_content_type, response_body, request_body,
+       response_status, response_content_type, response_body, response_headers, request_body,
        attempts, last_error
 FROM receiver_receipts
-WHERE state = 'in_flight' AND lease_until <= to_timestamp($1)
+WHERE state = 'in_flight'
+  AND lease_until <= COALESCE(to_timestamp($1::float8), statement_timestamp())
 ORDER BY lease_until
 LIMIT $2;
 
@@ -138,7 +164,7 @@ LIMIT $2;
 DELETE FROM receiver_receipts
 WHERE (provider, webhook_id) IN (
     SELECT provider, webhook_id FROM receiver_receipts
-    WHERE expires_at <= to_timestamp($1)
+    WHERE expires_at <= COALESCE(to_timestamp($1::float8), statement_timestamp())
     LIMIT $2
 )
 RETURNING provider, webhook_id;
@@ -182,7 +208,8 @@ GROUP BY provider, state;
 -- (a sender that regenerates ids on retry defeats dedup). Uses the (payload_hash, provider) index.
 SELECT 1 AS found
 FROM receiver_receipts
-WHERE provider = $1 AND payload_hash = $2 AND webhook_id <> $3 AND expires_at > to_timestamp($4)
+WHERE provider = $1 AND payload_hash = $2 AND webhook_id <> $3
+  AND expires_at > COALESCE(to_timestamp($4::float8), statement_timestamp())
 LIMIT 1;
 
 -- name: reopen
@@ -190,10 +217,11 @@ LIMIT 1;
 -- the next fence exactly as a sender's retry of a released receipt would.
 UPDATE receiver_receipts
 SET state = 'released',
-    lease_until = to_timestamp($4),
+    lease_until = COALESCE(to_timestamp($4::float8), statement_timestamp()),
     completed_at = NULL,
     response_status = NULL,
     response_content_type = NULL,
-    response_body = NULL
+    response_body = NULL,
+    response_headers = NULL
 WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state = 'failed'
 RETURNING fence;

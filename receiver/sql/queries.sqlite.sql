@@ -6,46 +6,55 @@
 -- The arbiter: one statement. A row back means this caller owns the key with fence 1; no row,
 -- that the key exists (the caller looks it up: SQLite has no INSERT inside WITH, and a second
 -- statement costs no network round trip here). Key drift is checked separately.
+-- Time is the database's (?5 NULL: julianday('now'), the same for the whole statement) unless
+-- the store was given a clock; ?6 and ?7 are the lease and the window in seconds.
 INSERT INTO receiver_receipts
     (provider, webhook_id, payload_hash, state, fence, event_type,
      claimed_at, lease_until, expires_at, request_body)
-VALUES (?1, ?2, ?3, 'in_flight', 1, ?4, ?5, ?6, ?7, ?8)
+VALUES (?1, ?2, ?3, 'in_flight', 1, ?4,
+        COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0),
+        COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0) + ?6,
+        COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0) + ?7,
+        ?8)
 ON CONFLICT (provider, webhook_id) DO NOTHING
-RETURNING 1 AS claimed, fence, NULL AS drift;
+RETURNING 1 AS claimed, fence, NULL AS drift, claimed_at AS now;
 
 -- name: lookup
 SELECT state, fence, payload_hash, event_type,
+       COALESCE(?3, (julianday('now') - 2440587.5) * 86400.0) AS now,
        claimed_at,
        lease_until,
        expires_at,
        completed_at,
-       response_status, response_content_type, response_body, request_body,
+       response_status, response_content_type, response_body, response_headers, request_body,
        attempts, last_error
 FROM receiver_receipts
 WHERE provider = ?1 AND webhook_id = ?2;
 
 -- name: reclaim
 -- Compare-and-set on the fence seen by the caller: of several callers that saw the same
--- released, lease-expired or expired row, exactly one gets it, with the next fence.
+-- released, lease-expired or expired row, exactly one gets it, with the next fence. A live
+-- lease always wins over expiry: an attempt still running is never taken over.
 UPDATE receiver_receipts
 SET fence = fence + 1,
     state = 'in_flight',
-    attempts = CASE WHEN expires_at <= ?6 THEN 0 ELSE attempts END,
-    last_error = CASE WHEN expires_at <= ?6 THEN NULL ELSE last_error END,
+    attempts = CASE WHEN expires_at <= COALESCE(?6, (julianday('now') - 2440587.5) * 86400.0) THEN 0 ELSE attempts END,
+    last_error = CASE WHEN expires_at <= COALESCE(?6, (julianday('now') - 2440587.5) * 86400.0) THEN NULL ELSE last_error END,
     payload_hash = ?4,
     event_type = ?5,
-    claimed_at = ?6,
-    lease_until = ?7,
-    expires_at = ?8,
+    claimed_at = COALESCE(?6, (julianday('now') - 2440587.5) * 86400.0),
+    lease_until = COALESCE(?6, (julianday('now') - 2440587.5) * 86400.0) + ?7,
+    expires_at = COALESCE(?6, (julianday('now') - 2440587.5) * 86400.0) + ?8,
     request_body = ?9,
     completed_at = NULL,
     response_status = NULL,
     response_content_type = NULL,
-    response_body = NULL
+    response_body = NULL,
+    response_headers = NULL
 WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3
   AND (state = 'released'
-       OR (state = 'in_flight' AND lease_until <= ?6)
-       OR expires_at <= ?6)
+       OR (state = 'in_flight' AND lease_until <= COALESCE(?6, (julianday('now') - 2440587.5) * 86400.0))
+       OR (state <> 'in_flight' AND expires_at <= COALESCE(?6, (julianday('now') - 2440587.5) * 86400.0)))
 RETURNING fence;
 
 -- name: complete
@@ -55,7 +64,8 @@ SET state = ?4,
     response_status = ?5,
     response_content_type = ?6,
     response_body = ?7,
-    completed_at = ?8,
+    response_headers = ?9,
+    completed_at = COALESCE(?8, (julianday('now') - 2440587.5) * 86400.0),
     request_body = CASE WHEN ?4 = 'completed' THEN NULL ELSE request_body END
 WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
 RETURNING fence;
@@ -66,13 +76,13 @@ UPDATE receiver_receipts
 SET state = 'released',
     attempts = attempts + 1,
     last_error = ?4,
-    lease_until = ?5
+    lease_until = COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0)
 WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
 RETURNING fence;
 
 -- name: record_attempt
 INSERT INTO receiver_attempts (provider, webhook_id, fence, failed_at, error)
-VALUES (?1, ?2, ?3, ?4, ?5)
+VALUES (?1, ?2, ?3, COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0), ?5)
 ON CONFLICT (provider, webhook_id, fence)
 DO UPDATE SET failed_at = excluded.failed_at, error = excluded.error;
 
@@ -83,8 +93,11 @@ WHERE provider = ?1 AND webhook_id = ?2
 ORDER BY fence;
 
 -- name: extend_lease
+-- The lease runs ?5 seconds from now; the window grows with it if it must (a live lease
+-- always wins over expiry anyway).
 UPDATE receiver_receipts
-SET lease_until = ?4
+SET lease_until = COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0) + ?5,
+    expires_at = max(expires_at, COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0) + ?5)
 WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
 RETURNING fence;
 
@@ -94,11 +107,12 @@ SELECT count(*) AS n FROM receiver_receipts WHERE false;
 -- name: stale
 -- In-flight receipts whose lease ran out: their attempt died or stalled (the sweeper's work).
 SELECT provider, webhook_id, state, fence, payload_hash, event_type,
+       COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0) AS now,
        claimed_at, lease_until, expires_at, completed_at,
-       response_status, response_content_type, response_body, request_body,
+       response_status, response_content_type, response_body, response_headers, request_body,
        attempts, last_error
 FROM receiver_receipts
-WHERE state = 'in_flight' AND lease_until <= ?1
+WHERE state = 'in_flight' AND lease_until <= COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0)
 ORDER BY lease_until
 LIMIT ?2;
 
@@ -107,7 +121,7 @@ LIMIT ?2;
 DELETE FROM receiver_receipts
 WHERE (provider, webhook_id) IN (
     SELECT provider, webhook_id FROM receiver_receipts
-    WHERE expires_at <= ?1
+    WHERE expires_at <= COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0)
     LIMIT ?2
 )
 RETURNING provider, webhook_id;
@@ -151,7 +165,8 @@ GROUP BY provider, state;
 -- the primary key by provider (every receipt of the provider), so the index is named.
 SELECT 1 AS found
 FROM receiver_receipts INDEXED BY receiver_receipts_payload_hash
-WHERE provider = ?1 AND payload_hash = ?2 AND webhook_id <> ?3 AND expires_at > ?4
+WHERE provider = ?1 AND payload_hash = ?2 AND webhook_id <> ?3
+  AND expires_at > COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0)
 LIMIT 1;
 
 -- name: reopen
@@ -159,10 +174,11 @@ LIMIT 1;
 -- the next fence exactly as a sender's retry of a released receipt would.
 UPDATE receiver_receipts
 SET state = 'released',
-    lease_until = ?4,
+    lease_until = COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0),
     completed_at = NULL,
     response_status = NULL,
     response_content_type = NULL,
-    response_body = NULL
+    response_body = NULL,
+    response_headers = NULL
 WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'failed'
 RETURNING fence;

@@ -107,6 +107,8 @@ def test_migrate_is_idempotent(pg_admin_url: str) -> None:
 def test_ttl_explains_each_window(tmp_path: Path) -> None:
     shown = receiver(
         "ttl",
+        "--app",
+        "handlers:app",
         cwd=ROOT,
         env={
             "RECEIVER_SECRET": "whsec_" + "A" * 32,

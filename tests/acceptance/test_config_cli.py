@@ -103,7 +103,7 @@ def test_serve_the_example_file_send_and_replay(tmp_path: Path) -> None:
         assert "HTTP 200" in second.stdout
         assert "idempotent-replayed: true" in second.stdout
         assert first.stdout.splitlines()[-1] == second.stdout.splitlines()[-1]
-        assert first.stdout.splitlines()[-1] == '{"order_id":"o-1","status":"created"}'
+        assert first.stdout.splitlines()[-1] == '{"order_id":"o-cfg_1","status":"created"}'
 
         # The second provider of the file, with its own scheme and secret.
         issue = github_delivery(url, "gh-1")

@@ -1067,6 +1067,8 @@ def test_unknown_provider_and_wrong_method_are_json_4xx(harness: Harness) -> Non
     headers = signed_headers(harness.fresh_id(), body)
     for path, method, status in [
         ("/unknown", "POST", 404),
+        ("/unknown", "GET", 404),
+        ("/unknown", "DELETE", 404),
         ("/", "POST", 404),
         (f"/{PROVIDER}/extra", "POST", 404),
         (f"/{PROVIDER}", "GET", 405),

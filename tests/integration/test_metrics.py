@@ -48,6 +48,7 @@ from tests.support import (
     Clock,
     body_of,
     effects,
+    ledger_clock,
     make_receiver,
     signed,
 )
@@ -431,7 +432,12 @@ async def test_a_broken_arbiter_is_caught_as_a_double_execution(
 ) -> None:
     clock = Clock()
     # No replay cache: it trusts the ledger, and this ledger is broken on purpose.
-    rx = Receiver(BrokenArbiter(store), [Provider(PROVIDER, [SECRET])], clock=clock, replay_cache=0)
+    rx = Receiver(
+        ledger_clock(BrokenArbiter(store), clock),
+        [Provider(PROVIDER, [SECRET])],
+        clock=clock,
+        replay_cache=0,
+    )
     outside: list[int] = []  # the external world
 
     @rx.on_startup
@@ -486,7 +492,9 @@ async def test_a_handler_that_outlives_its_lease_is_a_double_execution(
     """No broken part: a slow handler loses its lease, a redelivery runs the handlers again and
     completes; the slow one finishes second, finds the key completed, and is counted."""
     clock = Clock()
-    rx = Receiver(pg_store, [Provider(PROVIDER, [SECRET], lease=10)], clock=clock)
+    rx = Receiver(
+        ledger_clock(pg_store, clock), [Provider(PROVIDER, [SECRET], lease=10)], clock=clock
+    )
     entered, release = asyncio.Event(), asyncio.Event()
 
     @rx.on("order.created")
@@ -520,7 +528,9 @@ async def test_a_business_check_can_report_a_double_execution(store: Store) -> N
     older backup): the ledger cannot know, the handler's own data can."""
     clock = Clock()
     # No replay cache: the test deletes a receipt by hand behind its back.
-    rx = Receiver(store, [Provider(PROVIDER, [SECRET])], clock=clock, replay_cache=0)
+    rx = Receiver(
+        ledger_clock(store, clock), [Provider(PROVIDER, [SECRET])], clock=clock, replay_cache=0
+    )
 
     @rx.on_startup
     async def tables(conn: Connection) -> None:
@@ -618,11 +628,11 @@ async def test_metrics_path_and_disabling(store: Store) -> None:
     moved, _ = make_receiver(store, clock=clock, metrics_path="/internal/metrics")
     async with client_of(moved) as client:
         assert (await client.get("/internal/metrics")).status_code == 200
-        assert (await client.get("/metrics")).status_code == 405  # /{provider} is POST only
+        assert (await client.get("/metrics")).status_code == 404  # no provider named metrics
     off, _ = make_receiver(store, clock=clock, metrics=False)
     assert off.metrics is None
     async with client_of(off) as client:
-        assert (await client.get("/metrics")).status_code == 405
+        assert (await client.get("/metrics")).status_code == 404
         assert (await post(client, "msg_1", body_of(), clock)).status_code == 200
     with pytest.raises(ConfigurationError, match="metrics_path"):
         make_receiver(store, metrics_path="metrics")

@@ -1,4 +1,4 @@
-"""The conformance suite: every behaviour of DESIGN.md steps 1-9, on SQLite and PostgreSQL."""
+"""The conformance suite: every answer of README.md "What the sender gets", on both stores."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from tests.support import (
     Clock,
     body_of,
     effects,
+    ledger_clock,
     make_receiver,
     receipt_count,
     signed,
@@ -291,7 +292,9 @@ async def test_receipt_expiry_is_claimed_at_plus_window(app, store: Store, clock
 async def test_late_worker_is_fenced_out(pg_store: PostgresStore, clock: Clock) -> None:
     """A handler outlives its lease; a redelivery takes over and completes; the late worker's
     transaction rolls back, so its business write vanishes."""
-    rx = Receiver(pg_store, [Provider(PROVIDER, [SECRET], lease=10)], clock=clock)
+    rx = Receiver(
+        ledger_clock(pg_store, clock), [Provider(PROVIDER, [SECRET], lease=10)], clock=clock
+    )
     entered, release = asyncio.Event(), asyncio.Event()
 
     @rx.on("order.created")
@@ -366,9 +369,14 @@ async def test_routing_errors(app, store: Store, clock: Clock) -> None:  # type:
     unknown = await post(client, "msg_1", body_of(), clock, path="nobody")
     assert unknown.status_code == 404
     assert unknown.json()["error"] == "unknown_provider"
+    for verb in ("GET", "PUT", "DELETE"):
+        unknown = await client.request(verb, "/nobody")
+        assert unknown.status_code == 404, verb  # whatever the method, as README says
+        assert unknown.json()["error"] == "unknown_provider"
     method = await client.get(f"/{PROVIDER}")
     assert method.status_code == 405
     assert method.json()["error"] == "method_not_allowed"
+    assert method.headers["allow"] == "POST"
     assert await receipt_count(store) == 0
 
 
@@ -379,7 +387,7 @@ async def test_store_unavailable_is_503_and_runs_nothing(tmp_path, clock: Clock,
         if kind == "postgresql"
         else SQLiteStore(tmp_path / "missing-dir" / "receipts.db")
     )
-    rx = Receiver(store, [Provider(PROVIDER, [SECRET])], clock=clock)
+    rx = Receiver(ledger_clock(store, clock), [Provider(PROVIDER, [SECRET])], clock=clock)
     ran = []
 
     @rx.on("*")
@@ -400,7 +408,7 @@ async def test_store_unavailable_is_503_and_runs_nothing(tmp_path, clock: Clock,
 
 
 async def test_handlers_run_in_order_in_one_transaction(store: Store, clock: Clock) -> None:
-    rx = Receiver(store, [Provider(PROVIDER, [SECRET])], clock=clock)
+    rx = Receiver(ledger_clock(store, clock), [Provider(PROVIDER, [SECRET])], clock=clock)
     order: list[str] = []
 
     async def write(tx: Connection, event: Event, note: str) -> None:
@@ -498,7 +506,7 @@ async def test_mounted_into_a_starlette_app(store: Store, clock: Clock) -> None:
 
 async def test_raw_needs_the_transaction_begun(store: Store, clock: Clock) -> None:
     """tx.raw inside a handler must not let writes escape the receipt's transaction."""
-    rx = Receiver(store, [Provider(PROVIDER, [SECRET])], clock=clock)
+    rx = Receiver(ledger_clock(store, clock), [Provider(PROVIDER, [SECRET])], clock=clock)
     seen: list[str] = []
 
     @rx.on_startup
@@ -542,7 +550,7 @@ async def test_raw_needs_the_transaction_begun(store: Store, clock: Clock) -> No
 async def test_a_handler_that_never_uses_tx_still_completes_under_its_fence(
     store: Store, clock: Clock
 ) -> None:
-    rx = Receiver(store, [Provider(PROVIDER, [SECRET])], clock=clock)
+    rx = Receiver(ledger_clock(store, clock), [Provider(PROVIDER, [SECRET])], clock=clock)
 
     @rx.on("ping")
     async def ping(event: Event, tx: Connection) -> dict[str, int]:
@@ -617,3 +625,60 @@ async def test_the_replay_cache_matches_reserialized_payloads_too(
     assert same_answer(first, same)
     assert same.headers["idempotent-replayed"] == "true"
     assert recorder.calls["msg_1"] == 1
+
+
+# -- headers a handler sets (issue 14, item 16) -----------------------------------------------
+
+
+async def test_a_handlers_headers_reach_the_sender_and_are_replayed(
+    store: Store, clock: Clock
+) -> None:
+    rx = Receiver(ledger_clock(store, clock), [Provider(PROVIDER, [SECRET])], clock=clock)
+
+    @rx.on("order.created")
+    async def created(event: Event, tx: Connection) -> Response:
+        return Response(
+            b"created",
+            201,
+            headers={"Location": "/orders/o-1", "X-Order-Id": "o-1"},
+            media_type="text/plain; charset=utf-8",
+        )
+
+    body = body_of()
+    async with await open_client(rx) as client:
+        first = await post(client, "msg_1", body, clock)
+        forget_cache(rx)
+        again = await post(client, "msg_1", body, clock)
+    for answer in (first, again):
+        assert answer.status_code == 201
+        assert answer.content == b"created"
+        assert answer.headers["location"] == "/orders/o-1"
+        assert answer.headers["x-order-id"] == "o-1"
+        assert answer.headers["content-type"] == "text/plain; charset=utf-8"
+    assert again.headers["idempotent-replayed"] == "true"
+    assert [(k, v) for k, v in first.headers.items() if k != "idempotent-replayed"] == [
+        (k, v) for k, v in again.headers.items() if k != "idempotent-replayed"
+    ]
+
+
+async def test_a_429_keeps_its_retry_after_and_no_invented_content_type(
+    store: Store, clock: Clock
+) -> None:
+    rx = Receiver(ledger_clock(store, clock), [Provider(PROVIDER, [SECRET])], clock=clock)
+
+    @rx.on("order.created")
+    async def busy(event: Event, tx: Connection) -> Response:
+        return Response("slow down", 429, headers={"Retry-After": "30"})
+
+    async with await open_client(rx) as client:
+        answer = await post(client, "msg_1", body_of(), clock)
+    assert answer.status_code == 429
+    assert answer.headers["retry-after"] == "30"
+    assert "content-type" not in answer.headers
+    assert answer.content == b"slow down"
+
+
+def forget_cache(rx: Receiver) -> None:
+    """Drop the process's replay cache, so the next replay comes from the ledger."""
+    if rx.pipeline.cache is not None:
+        rx.pipeline.cache.clear()

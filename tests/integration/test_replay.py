@@ -11,7 +11,16 @@ from receiver import Connection, Event, Provider, Receiver, ReplayRefused, State
 from receiver import _ledger as ledger
 from receiver._ledger import Claim, Key
 from receiver._pipeline import parse
-from tests.support import EFFECTS_DDL, PROVIDER, SECRET, Clock, body_of, effects, signed
+from tests.support import (
+    EFFECTS_DDL,
+    PROVIDER,
+    SECRET,
+    Clock,
+    body_of,
+    effects,
+    ledger_clock,
+    signed,
+)
 
 LEASE = 60.0
 
@@ -19,7 +28,9 @@ LEASE = 60.0
 def build(store: Store, clock: Clock) -> tuple[Receiver, list[str], set[str]]:
     """``order.created`` writes an effects row and fails while its id is in ``broken``;
     ``payment.created`` is external, without reconcile."""
-    rx = Receiver(store, [Provider(PROVIDER, [SECRET], lease=LEASE)], clock=clock)
+    rx = Receiver(
+        ledger_clock(store, clock), [Provider(PROVIDER, [SECRET], lease=LEASE)], clock=clock
+    )
     runs: list[str] = []
     broken: set[str] = set()
 

@@ -12,13 +12,15 @@ from receiver import RUN_AGAIN, Connection, Event, PostgresStore, Provider, Rece
 from receiver import _ledger as ledger
 from receiver._ledger import Claim, Key
 from receiver._pipeline import parse
-from tests.support import EFFECTS_DDL, PROVIDER, SECRET, Clock, body_of, effects
+from tests.support import EFFECTS_DDL, PROVIDER, SECRET, Clock, body_of, effects, ledger_clock
 
 LEASE = 60.0
 
 
 def build(store: Store, clock: Clock, reconcile: str | None = None) -> tuple[Receiver, list[str]]:
-    rx = Receiver(store, [Provider(PROVIDER, [SECRET], lease=LEASE)], clock=clock)
+    rx = Receiver(
+        ledger_clock(store, clock), [Provider(PROVIDER, [SECRET], lease=LEASE)], clock=clock
+    )
     runs: list[str] = []
 
     @rx.on_startup

@@ -173,7 +173,7 @@ def test_the_reference_crashers_are_verification_errors(signature: str, body: by
         "webhook-timestamp": str(NOW),
         "webhook-signature": signature,
     }
-    # What DESIGN.md step 3 warns about: the reference raises a raw error on this input.
+    # Why verification is our own: the reference raises a raw error on this input.
     with pytest.raises((ValueError, UnicodeDecodeError)):
         Webhook(SECRET).verify(body, {**headers, "webhook-timestamp": str(int(time.time()))})
     raw = [(k.encode(), v.encode()) for k, v in headers.items()]

@@ -35,8 +35,8 @@ from receiver._config import (
     DEFAULT_RETRY_AFTER,
     DEFAULT_SWEEP_INTERVAL,
     _app_from_environment,
-    _scan,
 )
+from receiver._toml_source import scan as _scan
 
 # -- handler modules: this test module is one (handlers = ["tests.unit.test_config"]) ----------
 
@@ -539,8 +539,13 @@ ERRORS = [
     ),
     (
         'store = "mysql://u:password@db/x"\n' + P,
-        "receiver.toml:1: store: unsupported store URL 'mysql'://...: use "
-        "postgresql://user@host/db or sqlite:///path/to/receipts.db",
+        "receiver.toml:1: store: unsupported store URL scheme 'mysql' in 'mysql://u@db/x': use "
+        "postgresql://user@host/db or sqlite:///path/to/receiver.db",
+    ),
+    (
+        'store = "receiver.db"\n' + P,
+        "receiver.toml:1: store: store URL 'receiver.db' has no scheme: for a SQLite file write "
+        "sqlite:///receiver.db, for PostgreSQL postgresql://user@host/db",
     ),
     (
         'handlers = "myapp"\n' + P,

@@ -308,8 +308,10 @@ def test_floor_is_a_minimum_and_is_rounded_to_an_hour() -> None:
     assert dedup_window("stripe", floor=H).window == 96 * H  # floor below: no effect
 
 
-def test_zero_span_and_zero_margin_is_a_zero_window() -> None:
-    assert dedup_window([0], review_margin=0).window == 0
+def test_zero_span_and_zero_margin_is_still_an_hour() -> None:
+    """A 0 s window would forget a delivery before its own attempt ended (issue 14, item 3):
+    windows are whole hours, at least one."""
+    assert dedup_window([0], review_margin=0).window == 3600
 
 
 def test_explicit_ttl_shorter_than_the_span_is_an_error_with_numbers() -> None:
@@ -407,7 +409,8 @@ def test_window_covers_span_plus_margin_in_whole_hours(
     schedule = RetrySchedule(delays=tuple(delays), jitter=jitter)
     window = dedup_window(schedule, review_margin=margin)
     assert window.window >= schedule.span + margin
-    assert window.window - 3600 < schedule.span + margin
+    assert window.window >= 3600
+    assert window.window == 3600 or window.window - 3600 < schedule.span + margin
     assert _is_whole_hours(window.window)
     assert window.span == schedule.span
 

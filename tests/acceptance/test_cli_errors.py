@@ -1,0 +1,235 @@
+"""The real ``receiver`` command on the mistakes a person makes: each is one line on stderr and
+exit status 2, with nothing created or changed; and ``send`` fails like ``curl --fail``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from starlette.responses import Response
+
+from receiver import Event, Provider, Receiver
+from receiver._store import Connection
+from tests.pgcluster import free_port
+from tests.servers import RECEIVER, ROOT
+from tests.support import PROVIDER, SECRET, body_of, signed
+
+
+def receiver(
+    *args: str | bytes, cwd: Path = ROOT, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RECEIVER_")}
+    return subprocess.run(
+        [RECEIVER, *args],
+        cwd=cwd,
+        env={**base, "PYTHONPATH": str(ROOT), **(env or {})},
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=60,
+        check=False,
+    )
+
+
+def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
+    """The command failed with status 2 and a single ``receiver: ...`` line, no traceback."""
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("receiver"), done.stderr
+    assert "Traceback" not in done.stderr
+    return lines[0]
+
+
+def a_completed_receipt(store_url: str) -> None:
+    async def run() -> None:
+        rx = Receiver(store_url, [Provider(PROVIDER, [SECRET])], sweep_interval=None)
+
+        @rx.on("order.created")
+        async def created(event: Event, tx: Connection) -> None:
+            pass
+
+        async with rx:
+            body = body_of(order="o-1")
+            assert (await rx.deliver(PROVIDER, signed("msg_1", body), body)).status_code == 200
+
+    asyncio.run(run())
+
+
+def test_a_non_utf8_id_is_a_one_line_error(store_url: str) -> None:
+    a_completed_receipt(store_url)
+    line = one_line_error(receiver("inspect", PROVIDER, b"msg_\xff\xfe", "--store", store_url))
+    assert "not valid UTF-8" in line
+    assert "msg_\\xff\\xfe" in line
+    line = one_line_error(receiver("inspect", b"\xffacme", "msg_1", "--store", store_url))
+    assert "provider" in line
+    replayed = receiver("replay", PROVIDER, b"msg_\xff", "--app", "tests.apps.deadletter:rx")
+    assert "not valid UTF-8" in one_line_error(replayed)
+    # The receipt itself is still there, and still readable.
+    shown = receiver("inspect", PROVIDER, "msg_1", "--store", store_url)
+    assert shown.returncode == 0, shown.stderr
+    assert "state        completed" in shown.stdout
+
+
+@pytest.mark.parametrize("limit", ["-1", "0"])
+def test_a_limit_that_is_not_positive_is_a_one_line_error(tmp_path: Path, limit: str) -> None:
+    store = f"sqlite:///{tmp_path}/r.db"
+    a_completed_receipt(store)
+    line = one_line_error(receiver("failed", "--store", store, "--limit", limit))
+    assert f"--limit must be a positive number, not {limit}" in line
+    line = one_line_error(receiver("replay", "--all-failed", "--limit", limit))
+    assert "--limit must be a positive number" in line
+
+
+@pytest.mark.parametrize("command", ["inspect", "failed"])
+def test_a_missing_sqlite_file_is_reported_not_created(tmp_path: Path, command: str) -> None:
+    args = [PROVIDER, "msg_1"] if command == "inspect" else []
+    line = one_line_error(receiver(command, *args, "--store", "sqlite:///typo.db", cwd=tmp_path))
+    assert "no SQLite database at typo.db" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_store_without_a_scheme_suggests_the_url(tmp_path: Path) -> None:
+    line = one_line_error(receiver("inspect", PROVIDER, "msg_1", "--store", "receiver.db"))
+    assert "has no scheme" in line
+    assert "sqlite:///receiver.db" in line
+    assert "'receiver.db'://" not in line
+
+
+def test_serve_refuses_a_store_its_app_would_ignore(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path}/other.db"
+    line = one_line_error(
+        receiver("serve", "--app", "tests.apps.deadletter:rx", "--store", store, cwd=tmp_path)
+    )
+    assert "--store is not applied to --app tests.apps.deadletter:rx" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ttl_without_an_app_lists_every_preset() -> None:
+    done = receiver("ttl")  # no RECEIVER_SECRET: the demo app is not built
+    assert done.returncode == 0, done.stderr
+    header, *rows = done.stdout.splitlines()
+    assert header.split() == ["preset", "schedule", "span", "margin", "window", "source"]
+    names = [row.split()[0] for row in rows]
+    assert names == ["svix", "standard-webhooks", "stripe", "github", "shopify", "slack"]
+    svix = rows[0].split()
+    assert svix[1:7] == ["svix", "(8", "attempts)", "27h", "35m", "5s"]
+    assert svix[7:9] == ["1d", "52h"]  # the default review margin, and the window
+    # With an app, its providers.
+    demo = receiver("ttl", "--app", "handlers:app", env={"RECEIVER_SECRET": SECRET})
+    assert demo.returncode == 0, demo.stderr
+    assert demo.stdout.splitlines()[0].split()[0] == "provider"
+    assert demo.stdout.splitlines()[1].split()[0] == "demo"
+
+
+def test_send_advises_what_the_cli_can_do_with_a_bad_secret() -> None:
+    line = one_line_error(receiver("send", "--secret", "notasecret", "--url", "http://x/demo"))
+    assert "whsec_" in line
+    assert "bytes" not in line
+
+
+def test_failed_shows_a_meaningful_error_for_a_retryable_answer(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path}/r.db"
+
+    async def run() -> None:
+        rx = Receiver(store, [Provider(PROVIDER, [SECRET])], sweep_interval=None)
+
+        @rx.on("order.created")
+        async def busy(event: Event, tx: Connection) -> Response:
+            return Response("slow down", 429)
+
+        async with rx:
+            body = body_of(order="o-1")
+            assert (await rx.deliver(PROVIDER, signed("msg_1", body), body)).status_code == 429
+
+    asyncio.run(run())
+    shown = receiver("failed", "--store", store)
+    assert shown.returncode == 0, shown.stderr
+    assert "_Retryable" not in shown.stdout
+    assert "HandlerAnswered: HTTP 429, not stored" in shown.stdout
+
+
+@pytest.mark.slow
+def test_send_exits_non_zero_on_non_2xx_and_new_ids_never_drift(tmp_path: Path) -> None:
+    port = free_port()
+    env = {"RECEIVER_SECRET": SECRET}
+    log = (tmp_path / "serve.log").open("w+")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RECEIVER_")}
+    server = subprocess.Popen(
+        [RECEIVER, "serve", "--port", str(port)],
+        cwd=tmp_path,
+        env={**base, "PYTHONPATH": str(ROOT), **env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        root = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(f"{root}/healthz", timeout=0.5)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, Path(log.name).read_text()
+                assert server.poll() is None, Path(log.name).read_text()
+                time.sleep(0.1)
+        send = ["send", "--url", f"{root}/demo", "--secret", SECRET]
+        first = receiver(*send, "--id", "msg_demo_1", cwd=tmp_path)
+        assert first.returncode == 0, first.stdout + first.stderr
+        # The README's sample output, line for line (the port aside).
+        readme = (ROOT / "README.md").read_text()
+        sample = re.search(r"```console\n\$ receiver send [^\n]*\n(.*?)\$ ", readme, re.S)
+        assert sample, "README has no receiver send sample"
+        printed = first.stdout.replace(f":{port}/", ":8000/")
+        assert printed == sample.group(1)
+        second = receiver(*send, "--id", "msg_demo_1", cwd=tmp_path)
+        assert second.returncode == 0
+        assert "idempotent-replayed: true" in second.stdout
+        # New ids with the default payload: each its own order, no key drift.
+        for webhook_id in ("msg_demo_2", "msg_demo_3"):
+            fresh = receiver(*send, "--id", webhook_id, cwd=tmp_path)
+            assert fresh.returncode == 0, fresh.stdout
+            assert f'"order_id":"o-demo_{webhook_id[-1]}"' in fresh.stdout
+        # Non-2xx: exit status 1, the answer still printed.
+        mismatch = receiver(*send, "--id", "msg_demo_1", "--data", '{"order_id": "x"}')
+        assert (mismatch.returncode, "HTTP 422" in mismatch.stdout) == (1, True)
+        forged = receiver(*send[:-1], "whsec_" + "A" * 32, "--id", "msg_x", cwd=tmp_path)
+        assert (forged.returncode, "HTTP 401" in forged.stdout) == (1, True)
+        nowhere = ["send", "--url", f"{root}/nobody", "--secret", SECRET]
+        unknown = receiver(*nowhere, cwd=tmp_path)
+        assert (unknown.returncode, "HTTP 404" in unknown.stdout) == (1, True)
+        metrics = httpx.get(f"{root}/metrics", timeout=5).text
+        drift = re.search(r'receiver_key_drift_total\{provider="demo"\} (\S+)', metrics)
+        assert drift, metrics
+        time.sleep(0.5)  # the drift check runs after the answer
+        metrics = httpx.get(f"{root}/metrics", timeout=5).text
+        assert 'receiver_key_drift_total{provider="demo"} 0.0' in metrics
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    assert "key drift" not in Path(log.name).read_text()
+
+
+def test_a_database_that_is_missing_or_not_migrated_is_a_one_line_error(
+    pg_admin_url: str,
+) -> None:
+    from tests import pgcluster
+
+    name = f"receiver_cli_empty_{os.getpid()}"
+    empty = asyncio.run(pgcluster.recreate_database(pg_admin_url, name))
+    try:
+        line = one_line_error(receiver("failed", "--store", empty))
+        assert "UndefinedTableError" in line
+        assert f"receiver migrate --store {empty}" in line
+    finally:
+        asyncio.run(pgcluster.drop_database(pg_admin_url, name))
+    line = one_line_error(receiver("inspect", PROVIDER, "msg_1", "--store", empty))
+    assert "InvalidCatalogNameError" in line
+    assert f'database "{name}" does not exist' in line
