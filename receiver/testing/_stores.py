@@ -49,10 +49,11 @@ class TestStores:
         self._files = itertools.count(1)
 
     async def fresh(self, clock: Callable[[], float] | None = None) -> Store:
-        """An empty store (not opened: the Receiver opens it)."""
+        """An empty store (not opened: the Receiver opens it). ``clock`` is the store's time
+        for leases and expiry (give the test's FakeClock); None is the database's own clock."""
         if self.pg_url is None:
             path = self._directory / f"receipts-{next(self._files)}.db"
-            return SQLiteStore(path)
+            return SQLiteStore(path, clock=clock)
         conn = await asyncpg.connect(self.pg_url)
         try:
             tables = [r["tablename"] for r in await conn.fetch(_TABLES)]
@@ -61,7 +62,7 @@ class TestStores:
                 await conn.execute(f"TRUNCATE {quoted}")
         finally:
             await conn.close()
-        return PostgresStore(self.pg_url, max_size=20)
+        return PostgresStore(self.pg_url, max_size=20, clock=clock)
 
     def __repr__(self) -> str:
         return f"TestStores({self.kind})"
