@@ -1,7 +1,9 @@
 """The pytest plugin of receiver.testing, registered through the ``pytest11`` entry point.
 
-Loading it costs nothing for a test run that does not use it: it imports no part of receiver,
-hypothesis or a database driver until one of its fixtures is requested. Its fixtures carry a
+A top-level module, as hypothesis's own plugin is: pytest imports it in every test run of an
+environment where receiver is installed, and a module inside the ``receiver`` package would
+import all of receiver first. This one imports only pytest; receiver, hypothesis and the
+database drivers are imported when one of its fixtures is requested. Its fixtures carry a
 ``receiver_`` prefix so that they never shadow a project's own (``store``, ``clock``, ...).
 
     receiver_clock   a FakeClock (function scope)
