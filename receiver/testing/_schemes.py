@@ -58,7 +58,10 @@ def _iso(seconds: float) -> str:
 
 
 def _json(value: Any) -> bytes:
-    return orjson.dumps(value)
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:
+        raise ConfigurationError(f"the event's data must encode as JSON: {exc}") from exc
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from receiver import Connection, Event, Provider, Receiver, Stripe
+from receiver import ConfigurationError, Connection, Event, Provider, Receiver
 from receiver.testing import (
     FakeClock,
     Fault,
@@ -118,9 +118,6 @@ async def test_a_too_short_ttl_is_caught(kit_stores: TestStores) -> None:
 
 
 async def test_a_schedule_over_a_url_needs_the_schedule() -> None:
-    from receiver import ConfigurationError
-
     async with Sender("http://127.0.0.1:9", "stripe", STRIPE, scheme="stripe") as sender:
         with pytest.raises(ConfigurationError, match="schedule="):
             await replay_schedule(sender, sender.event("invoice.paid"), FakeClock())
-    assert Stripe  # the scheme the sender signs for
