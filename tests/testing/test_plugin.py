@@ -69,3 +69,31 @@ def test_the_example_fails_for_a_handler_that_writes_outside_tx(tmp_path: Path) 
     assert done.returncode == 1, done.stdout + done.stderr
     assert "shipped twice: ['in_3']" in done.stdout, done.stdout
     assert "steps: [deliver(e0, handler_error)]" in done.stdout, done.stdout
+
+
+def test_the_deep_profile_comes_with_the_plugin(tmp_path: Path) -> None:
+    """Outside this project (no tests/conftest.py): the plugin registers ``deep`` itself, and
+    the kit's example counts rise to it."""
+    (tmp_path / "test_deep.py").write_text(
+        "from hypothesis import settings\n"
+        "from receiver.testing import DEEP_EXAMPLES, examples\n\n"
+        "def test_deep():\n"
+        "    assert settings().max_examples == DEEP_EXAMPLES == 500\n"
+        "    assert examples(25) == 500\n"
+    )
+    (tmp_path / "test_usual.py").write_text(
+        "from receiver.testing import examples\n\n"
+        "def test_usual():\n"
+        "    assert examples(25) == 25\n"
+    )
+    deep = subprocess.run(
+        [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--hypothesis-profile=deep",
+         "test_deep.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert deep.returncode == 0, deep.stdout + deep.stderr
+    usual = subprocess.run(
+        [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_usual.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert usual.returncode == 0, usual.stdout + usual.stderr
