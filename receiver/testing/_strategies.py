@@ -100,6 +100,15 @@ def check_redeliveries(
     store from ``stores`` (the ``receiver_stores`` fixture; a throwaway SQLite file if None).
     ``max_examples`` is raised to the profile's count under ``--hypothesis-profile=deep``.
     """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise ConfigurationError(
+            "check_redeliveries runs an event loop per example: call it from a plain `def` "
+            "test, not an `async def` one"
+        )
     with temporary_directory() as tmp:
         source = stores if stores is not None else TestStores(Path(tmp))
 

@@ -107,3 +107,10 @@ def test_a_write_outside_tx_is_caught_and_shrunk(kit_stores: TestStores) -> None
     shown = re.search(r"steps: (\[.*\])", message)
     assert shown is not None, message
     assert shown.group(1) == "[deliver(e0, handler_error)]", message
+
+
+async def test_an_async_test_is_told_to_be_a_plain_one(kit_stores: TestStores) -> None:
+    from receiver import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="plain `def` test"):
+        check_redeliveries(shop(broken=False), "shop", SECRET, EVENTS, stores=kit_stores)
