@@ -45,27 +45,27 @@ async def replay_schedule(
     default an hour and 23 hours later, inside the default one-day review margin; pass the
     delays your operators really take).
 
-    The schedule is the provider's own (from the Receiver) unless given. ``first`` injects a
-    fault into the first attempt (in-process only), so the later attempts show the recovery
-    across the lease's expiry. With ``check`` (the default), raises AssertionError unless the
+    In-process only (the Receiver and its store run on ``clock``). The schedule is the
+    provider's own unless given. ``first`` injects a fault into the first attempt, so the
+    later attempts show the recovery across the lease's expiry. With ``check`` (the default), raises AssertionError unless the
     handlers ran to a stored answer exactly once and every replay repeats it byte for byte:
     a TTL shorter than the schedule plus the resend lets a late delivery run them again.
     """
-    window: float | None = None
-    if sender.receiver is not None:
-        provider = sender.receiver.providers[sender.provider]
-        window = provider.window.window
-        if schedule is None:
-            schedule = provider.window.schedule
+    if sender.receiver is None:
+        # Days pass on the fake clock only: a server in another process lives on real time
+        # and would refuse the later signatures as "too new".
+        raise ConfigurationError(
+            "replay_schedule moves a fake clock: send to the Receiver in this process"
+        )
+    provider = sender.receiver.providers[sender.provider]
+    window = provider.window.window
     if schedule is None:
-        raise ConfigurationError("sending to a URL: pass schedule= (a preset name or delays)")
+        schedule = provider.window.schedule
     plan = RetrySchedule.from_value(schedule)
     offsets = [*plan.offsets()]
     last = offsets[-1]
     offsets += [last + after for after in resend_after]
     if first is not None:
-        if sender.receiver is None:
-            raise ConfigurationError("faults are injected in-process only: send to a Receiver")
         Faults.of(sender.receiver).arm(webhook.id, first)
     start = clock()
     deliveries: list[Delivery] = []
@@ -80,9 +80,7 @@ async def replay_schedule(
             if d.outcome == "executed"
         ]
         why = (
-            ""
-            if window is None
-            else f"; the dedup window is {format_duration(window)} but the sender still "
+            f"; the dedup window is {format_duration(window)} but the sender still "
             f"delivers at +{format_duration(offsets[-1])}: raise the provider's ttl"
         )
         raise AssertionError(
