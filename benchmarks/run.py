@@ -23,7 +23,7 @@ from typing import Any
 
 from receiver import generate_secret
 
-from . import checks, load, profile, report, servers, verifier
+from . import checks, load, profile, report, servers, tracing, verifier
 from .business import PROVIDER
 from .stores import PostgresTarget, SQLiteTarget, Target
 
@@ -79,11 +79,21 @@ class Settings:
     soak_chunk: int = 60  # seconds per wrk run of the soak (each is signed just before it)
     soak_store: str = "postgresql"
     verifier: float = 10.0  # seconds of the verifier micro-benchmark; 0 skips it
+    tracing: int = 5  # rounds of the tracing micro-benchmark; 0 skips it
     profile_seconds: int = 20
 
 
 FULL = Settings()
-QUICK = Settings(duration=2, rounds=1, warmup=1, seed=1, soak=10, soak_chunk=10, verifier=2.0)
+QUICK = Settings(
+    duration=2,
+    rounds=1,
+    warmup=1,
+    seed=1,
+    soak=10,
+    soak_chunk=10,
+    verifier=2.0,
+    tracing=1,
+)
 
 
 @dataclass
@@ -393,6 +403,62 @@ def wait_quiet(limit: float) -> None:
             return
 
 
+# The receivers people write by hand (benchmarks/handwritten.py), measured beside the receiver
+# in every fresh one-worker scenario: the guarantees should not cost more than these.
+REFERENCES = {"postgresql": ("pg2", "pg1"), "sqlite": ("sqlite",)}
+
+
+def references(
+    bench: Bench, scenario: Scenario, target: Target, bare: servers.Server
+) -> dict[str, dict[str, Any]]:
+    """Each hand-written receiver of the store, in rounds interleaved with the bare endpoint."""
+    if scenario.kind != "fresh" or scenario.workers != 1:
+        return {}
+    s = bench.settings
+    found: dict[str, dict[str, Any]] = {}
+    for kind in REFERENCES[target.name]:
+        url = bench.pg_url if target.name == "postgresql" else str(bench.path(f"hand-{kind}.db"))
+        server = servers.Server(
+            f"hand-{kind}-{scenario.name}-{target.name}",
+            "benchmarks.handwritten",
+            workers=1,
+            env={
+                "HAND_KIND": kind,
+                "HAND_STORE": url,
+                "HAND_SECRET": bench.secret,
+                "HAND_HANDLER": scenario.handler,
+            },
+            log=bench.path(f"hand-{kind}-{scenario.name}.log"),
+        )
+        runs: list[Run] = []
+        bare_runs: list[Run] = []
+        with server:
+            fresh = bench.ids.take(bench.fresh_count(s.warmup))
+            bench.measure(server, bench.deliveries("hand-warmup", fresh), "hand-warmup", s.warmup)
+            for n in range(1, s.rounds + 1):
+                label = f"hand-{kind}-r{n}"
+                data = bench.deliveries(label, bench.ids.take(bench.fresh_count(s.duration)))
+                runs.append(bench.measure(server, data, label, s.duration))
+                bare_runs.append(bench.measure(bare, bench.filler(), f"bare-h{n}", s.duration))
+        hand, b = _summary(runs), _summary(bare_runs)
+        seen = checks.observe(log for r in runs for log in r.wrk.logs)
+        found[kind] = {
+            **hand,
+            "bare_rps": b["rps"],
+            "ratio": round(hand["rps"] / b["rps"], 3) if b["rps"] else 0.0,
+            "cpu": _per_request(runs),
+            "statuses": {str(k): v for k, v in sorted(seen.statuses.items())},
+        }
+        if seen.answers != seen.ok:
+            _say(f"    warning: hand-written {kind} answered {dict(seen.statuses)}")
+        _say(
+            f"  {target.name:<10} {scenario.name:<13} hand-written {kind:<6} "
+            f"{hand['rps']:>8,.0f} req/s  p50 {hand['p50_ms']:6.2f} ms  "
+            f"p99 {hand['p99_ms']:6.2f} ms  | ratio {found[kind]['ratio']:.2f}"
+        )
+    return found
+
+
 def run_scenario(bench: Bench, scenario: Scenario, store: str) -> dict[str, Any]:
     s = bench.settings
     if bench.wait_quiet:
@@ -413,6 +479,7 @@ def run_scenario(bench: Bench, scenario: Scenario, store: str) -> dict[str, Any]
         rss, hwm = server.memory_kib()
     verdict = scene.verdict()
     stats_after = target.stats()
+    hands = references(bench, scenario, target, bare)
     answers = verdict.counts["answers"]
     db_per_request = _per_answer(stats_before, stats_after, answers)
     _index_warnings(db_per_request, verdict)
@@ -436,6 +503,10 @@ def run_scenario(bench: Bench, scenario: Scenario, store: str) -> dict[str, Any]
         "ratio": round(rx["rps"] / b["rps"], 3) if b["rps"] else 0.0,
         "ratio_range": [round(min(ratios), 3), round(max(ratios), 3)] if ratios else None,
         "target": TARGETS.get((scenario.name, store)),
+        # The hand-written receivers of the same store, same run; "vs" is the receiver's req/s
+        # over theirs (a figure above 1: the receiver is faster).
+        "references": hands,
+        "vs_hand": {k: round(rx["rps"] / v["rps"], 2) for k, v in hands.items() if v["rps"]},
         "cpu": _per_request(rx_runs),
         "bare_cpu": _per_request(bare_runs),
         "memory": {"server_rss_kib": rss, "server_peak_rss_kib": hwm},
@@ -528,12 +599,26 @@ def soak(bench: Bench) -> dict[str, Any]:
         f"the end; peak {result['peak_rss_mib']} MiB; checks "
         f"{'FAILED' if verdict.failures else 'ok'}"
     )
+    # Throughput per chunk (a minute each by default): a plan that degrades as the ledger grows
+    # shows up as a slope here, long before any single figure looks wrong.
+    rates = [c["rps"] for c in chunks]
+    result["rps_per_chunk"] = rates
+    _say("  soak throughput per chunk: " + ", ".join(f"{r:,.0f}" for r in rates) + " req/s")
+    if len(rates) >= 2 and rates[-1] < SOAK_DECAY * rates[0]:
+        verdict.failures.append(
+            f"throughput decayed: the last chunk ran at {rates[-1]:,.0f} req/s, more than "
+            f"{1 - SOAK_DECAY:.0%} below the first ({rates[0]:,.0f} req/s)"
+        )
     for line in verdict.failures:
         _say(f"    FAILURE: {line}")
         bench.failures.append(f"soak: {line}")
     for line in verdict.warnings:
         _say(f"    warning: {line}")
     return result
+
+
+# The soak fails when its last chunk is this much slower than its first.
+SOAK_DECAY = 0.8
 
 
 def profile_scenario(bench: Bench, scenario: Scenario, store: str, native: bool) -> None:
@@ -651,6 +736,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--soak", type=int, help="soak seconds (default 300; 0 skips it)")
     parser.add_argument("--soak-store", choices=("postgresql", "sqlite"))
     parser.add_argument("--verifier", type=float, help="verifier micro-benchmark seconds")
+    parser.add_argument("--tracing", type=int, help="tracing micro-benchmark rounds (0 skips)")
     parser.add_argument(
         "--stores", default="postgresql,sqlite", help="comma-separated: postgresql,sqlite"
     )
@@ -704,6 +790,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             "soak",
             "soak_store",
             "verifier",
+            "tracing",
             "profile_seconds",
         )
         if getattr(args, name) is not None
@@ -797,6 +884,10 @@ def run(args: argparse.Namespace) -> int:
                 _say("verifier micro-benchmark...")
                 result["verifier"] = verifier.run(settings.verifier, size=settings.body)
                 _say(verifier.describe(result["verifier"]))
+            if settings.tracing:
+                _say("tracing micro-benchmark...")
+                result["tracing"] = tracing.run(settings.tracing)
+                _say(tracing.describe(result["tracing"]))
             if settings.soak:
                 _say(f"soak: {settings.soak} s on {settings.soak_store}...")
                 result["soak"] = soak(bench)
@@ -818,7 +909,12 @@ def run(args: argparse.Namespace) -> int:
             args.out.mkdir(parents=True, exist_ok=True)
             report.write_json(args.out / "latest.json", result)
             report.chart(args.out / "latest.png", result)
-            (args.out / "latest.md").write_text(report.markdown(result["scenarios"]) + "\n")
+            hand = report.against_hand(result["scenarios"])
+            if hand:
+                _say("\nagainst the hand-written receivers (same run):\n" + hand)
+            (args.out / "latest.md").write_text(
+                report.markdown(result["scenarios"]) + "\n\n" + hand + "\n"
+            )
             _say(f"wrote {args.out / 'latest.json'}, latest.png, latest.md")
             return _finish(bench, started)
         finally:

@@ -11,8 +11,7 @@ from typing import Any
 import asyncpg
 
 from ._exceptions import StoreUnavailable
-from ._queries import schema
-from ._store import Connection, Row, Store, split_statements
+from ._store import Connection, Row, Store
 
 # SQLSTATE classes that mean "the database is not there right now", not "your query is wrong":
 # 08 connection exception, 53 insufficient resources, 57P operator intervention (shutdown,
@@ -105,8 +104,21 @@ class PostgresStore(Store):
         acquire_timeout: float = 5.0,
         connect_timeout: float = 5.0,
         clock: Callable[[], float] | None = None,
+        batch_flushes: int | None = None,
     ) -> None:
         self.clock = clock
+        if batch_flushes is None:
+            # Up to 4 batched statements in flight, never more than half the pool: the rest is
+            # for handlers' transactions.
+            batch_flushes = min(4, max_size // 2)
+        if not 0 <= batch_flushes < max_size:
+            from ._exceptions import ConfigurationError
+
+            raise ConfigurationError(
+                f"batch_flushes={batch_flushes} must be between 0 (no batching) and "
+                f"max_size - 1 ({max_size - 1}): each flush in flight holds a pooled connection"
+            )
+        self.batch_flushes = batch_flushes
         if (dsn is None) == (pool is None):
             from ._exceptions import ConfigurationError
 
@@ -199,10 +211,3 @@ class PostgresStore(Store):
                     conn = await asyncpg.connect(self._dsn, timeout=self._connect_timeout)
                 self._aside = conn
             yield PostgresConnection(conn)
-
-    async def migrate(self) -> None:
-        async with self.acquire() as conn, conn.transaction():
-            # Serialise concurrent migrations (several replicas starting at once).
-            await conn.execute("SELECT pg_advisory_xact_lock(7241901)")
-            for statement in split_statements(schema("postgresql")):
-                await conn.execute(statement)

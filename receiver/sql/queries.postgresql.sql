@@ -199,9 +199,47 @@ WHERE state = 'in_flight'
 GROUP BY provider;
 
 -- name: count_by_provider_state
+-- Exact, and it reads the whole table: for small tables only (receiver/_receipt_counts.py).
 SELECT provider, state, count(*) AS n
 FROM receiver_receipts
 GROUP BY provider, state;
+
+-- name: count_small_states
+-- The states that stay small (in flight, released, failed), counted through their partial
+-- indexes (receiver_receipts_in_flight, receiver_receipts_released_failed): the cost follows
+-- the number of unfinished receipts, not the size of the table.
+SELECT provider, 'in_flight' AS state, count(*) AS n
+FROM receiver_receipts
+WHERE state = 'in_flight'
+GROUP BY provider
+UNION ALL
+SELECT provider, state, count(*) AS n
+FROM receiver_receipts
+WHERE state IN ('released', 'failed')
+GROUP BY provider, state;
+
+-- name: estimate_by_provider
+-- The planner's statistics, not a count: the table's live rows (kept by the statistics system
+-- as rows come and go; reltuples, from the last VACUUM or ANALYZE, after a crash reset them)
+-- split between providers by the frequencies ANALYZE sampled. Constant cost however large the
+-- table; no rows before the table was first analyzed.
+SELECT mcv.provider, mcv.freq * t.live AS n, t.live AS total
+FROM (
+    SELECT n.nspname,
+           CASE WHEN pg_stat_get_live_tuples(c.oid) > 0
+                THEN pg_stat_get_live_tuples(c.oid)::float8
+                ELSE greatest(c.reltuples, 0)::float8 END AS live
+    FROM pg_class c
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE c.oid = to_regclass('receiver_receipts')
+) t
+CROSS JOIN LATERAL (
+    SELECT v.provider, v.freq::float8 AS freq
+    FROM pg_stats s,
+         unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS v(provider, freq)
+    WHERE s.schemaname = t.nspname AND s.tablename = 'receiver_receipts'
+      AND s.attname = 'provider'
+) mcv;
 
 -- name: key_drift
 -- Key drift: the same payload already received under another webhook-id, still in its window
@@ -225,3 +263,83 @@ SET state = 'released',
     response_headers = NULL
 WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state = 'failed'
 RETURNING fence;
+
+-- The micro-batcher's statements (receiver/_batcher.py). PostgreSQL only: their point is to
+-- save round trips, and SQLite, in-process with one writer, has none to save.
+
+-- name: claim_many
+-- Many claims in one statement: $1 is the time (NULL: the database's), then one array per
+-- column, in the order of the batch. One row back per input, in order: claimed (this input won
+-- its key, with fence 1), or the existing receipt, or neither (state NULL: another input of
+-- this batch won the key, or a concurrent claim committed after this statement's snapshot; the
+-- caller looks it up). Keys are inserted in key order, so concurrent batches never deadlock.
+WITH t AS (SELECT COALESCE(to_timestamp($1::float8), statement_timestamp()) AS now),
+input AS (
+    SELECT *
+    FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::float8[], $7::float8[],
+                $8::bytea[])
+        WITH ORDINALITY AS i(provider, webhook_id, payload_hash, event_type, lease, win, body, n)
+),
+first AS (
+    SELECT DISTINCT ON (provider, webhook_id) provider, webhook_id, n
+    FROM input
+    ORDER BY provider, webhook_id, n
+),
+claimed AS (
+    INSERT INTO receiver_receipts
+        (provider, webhook_id, payload_hash, state, fence, event_type,
+         claimed_at, lease_until, expires_at, request_body)
+    SELECT i.provider, i.webhook_id, i.payload_hash, 'in_flight', 1, i.event_type,
+           t.now, t.now + i.lease * interval '1 second', t.now + i.win * interval '1 second',
+           i.body
+    FROM first f
+    JOIN input i ON i.n = f.n
+    CROSS JOIN t
+    ORDER BY i.provider, i.webhook_id
+    ON CONFLICT (provider, webhook_id) DO NOTHING
+    RETURNING provider, webhook_id, fence
+)
+SELECT i.n,
+       (c.fence IS NOT NULL AND f.n = i.n) AS claimed,
+       COALESCE(c.fence, r.fence) AS fence,
+       extract(epoch FROM t.now)::float8 AS now,
+       CASE WHEN c.fence IS NOT NULL AND f.n = i.n THEN EXISTS (
+           SELECT 1 FROM receiver_receipts d
+           WHERE d.provider = i.provider AND d.payload_hash = i.payload_hash
+             AND d.webhook_id <> i.webhook_id AND d.expires_at > t.now
+       ) END AS drift,
+       r.state, r.payload_hash, r.event_type,
+       extract(epoch FROM r.claimed_at)::float8 AS claimed_at,
+       extract(epoch FROM r.lease_until)::float8 AS lease_until,
+       extract(epoch FROM r.expires_at)::float8 AS expires_at,
+       extract(epoch FROM r.completed_at)::float8 AS completed_at,
+       r.response_status, r.response_content_type, r.response_body, r.response_headers,
+       NULL::bytea AS request_body, r.attempts, r.last_error
+FROM input i
+CROSS JOIN t
+JOIN first f ON f.provider = i.provider AND f.webhook_id = i.webhook_id
+LEFT JOIN claimed c ON c.provider = i.provider AND c.webhook_id = i.webhook_id
+LEFT JOIN receiver_receipts r
+    ON c.fence IS NULL AND r.provider = i.provider AND r.webhook_id = i.webhook_id
+ORDER BY i.n;
+
+-- name: complete_many
+-- Many fenced completions in one statement (handlers that never touched tx): $1 the time, then
+-- one array per column. The keys that come back were completed; a missing one had a stale
+-- fence (a newer claim owns it).
+WITH t AS (SELECT COALESCE(to_timestamp($1::float8), statement_timestamp()) AS now)
+UPDATE receiver_receipts r
+SET state = i.state,
+    response_status = i.status,
+    response_content_type = i.content_type,
+    response_body = i.body,
+    response_headers = i.headers,
+    completed_at = t.now,
+    request_body = CASE WHEN i.state = 'completed' THEN NULL ELSE r.request_body END
+FROM unnest($2::text[], $3::text[], $4::int8[], $5::text[], $6::int4[], $7::text[],
+            $8::bytea[], $9::bytea[])
+        AS i(provider, webhook_id, fence, state, status, content_type, body, headers)
+CROSS JOIN t
+WHERE r.provider = i.provider AND r.webhook_id = i.webhook_id AND r.fence = i.fence
+  AND r.state = 'in_flight'
+RETURNING r.provider, r.webhook_id, r.fence;

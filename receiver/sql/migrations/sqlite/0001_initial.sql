@@ -17,7 +17,6 @@ CREATE TABLE IF NOT EXISTS receiver_receipts (
     response_status       INTEGER,
     response_content_type TEXT,
     response_body         BLOB,
-    response_headers      BLOB,
     request_body          BLOB,
     attempts              INTEGER NOT NULL DEFAULT 0,
     last_error            TEXT,
