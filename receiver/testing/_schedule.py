@@ -47,9 +47,10 @@ async def replay_schedule(
 
     In-process only (the Receiver and its store run on ``clock``). The schedule is the
     provider's own unless given. ``first`` injects a fault into the first attempt, so the
-    later attempts show the recovery across the lease's expiry. With ``check`` (the default), raises AssertionError unless the
-    handlers ran to a stored answer exactly once and every replay repeats it byte for byte:
-    a TTL shorter than the schedule plus the resend lets a late delivery run them again.
+    later attempts show the recovery across the lease's expiry. With ``check`` (the default),
+    raises AssertionError unless the handlers ran to a stored answer exactly once and every
+    replay repeats it byte for byte: a TTL shorter than the schedule plus the resend lets a
+    late delivery run them again.
     """
     if sender.receiver is None:
         # Days pass on the fake clock only: a server in another process lives on real time
