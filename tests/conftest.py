@@ -12,8 +12,13 @@ import asyncpg
 import pytest
 
 from receiver import PostgresStore, SQLiteStore, Store
+from receiver.testing import register_profiles
 from tests import pgcluster
 from tests.support import EFFECTS_DDL
+
+# `scripts/test --hypothesis-profile=deep`: 500 examples per state machine and kit property
+# (receiver.testing.examples() raises their usual counts to the profile's).
+register_profiles()
 
 # One database per pytest process, so that concurrent runs on one server never share tables.
 TEST_DATABASE = f"receiver_test_{os.getpid()}"

@@ -40,6 +40,7 @@ from receiver._ledger import Claim, Key
 from receiver._metrics import OUTCOMES, reason_of
 from receiver._pipeline import Outcome, parse
 from receiver._queries import queries
+from receiver.testing import examples
 from tests.integration import test_state_machine as t5
 from tests.support import (
     EFFECTS_DDL,
@@ -601,7 +602,7 @@ class _WatchedMachine(t5.LedgerMachine):
 def test_no_double_execution_in_the_state_machine(kind: str, pg_url: str) -> None:
     machine = type(f"Watched_{kind}", (_WatchedMachine,), {"kind": kind, "pg_url": pg_url})
     machine.TestCase.settings = settings(
-        max_examples=12,
+        max_examples=examples(12),
         stateful_step_count=20,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from receiver import PostgresStore, Store
+from receiver.testing import Sender, assert_executed_once
 from tests.servers import running
 from tests.support import PROVIDER, SECRET, body_of, effects, make_receiver, signed
 
@@ -52,15 +53,13 @@ async def fire(
 
 
 async def test_race_in_process(store: Store) -> None:
+    """Through receiver.testing (dogfood): its twins and its assertion, on our own test app."""
     rx, recorder = make_receiver(store)
-    await rx.open()
-    body = body_of(order="o-race")
-    headers = signed("msg_race", body)
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=rx), base_url="http://t"
-    ) as client:
-        answers = await fire(client, f"/{PROVIDER}", body, headers)
-    check_answers(answers)
+    async with rx, Sender(rx, PROVIDER, SECRET) as sender:
+        webhook = sender.event("order.created", {"order": "o-race"}, id="msg_race")
+        answers = await sender.twins(webhook, COPIES)
+    assert len(answers) == COPIES
+    assert_executed_once(answers)
     assert recorder.calls["msg_race"] == 1
     assert await effects(store, "msg_race") == 1
 

@@ -25,6 +25,7 @@ from receiver import PostgresStore, SQLiteStore, Store
 from receiver import _ledger as ledger
 from receiver._ledger import Claim, Key
 from receiver._pipeline import parse
+from receiver.testing import examples
 from tests.conftest import truncate
 from tests.support import PROVIDER, Clock, SimulatedCrash, body_of, make_receiver, signed
 
@@ -293,7 +294,7 @@ class LedgerMachine(RuleBasedStateMachine):
 def test_ledger_state_machine(kind: str, pg_url: str) -> None:
     machine = type(f"LedgerMachine_{kind}", (LedgerMachine,), {"kind": kind, "pg_url": pg_url})
     machine.TestCase.settings = settings(
-        max_examples=60 if kind == "sqlite" else 40,
+        max_examples=examples(60 if kind == "sqlite" else 40),
         stateful_step_count=25,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
