@@ -11,7 +11,7 @@ CREATE TABLE IF NOT EXISTS receiver_receipts (
     -- sha256 of the normalized payload (sorted keys, no insignificant whitespace)
     payload_hash          bytea       NOT NULL,
     state                 text        NOT NULL
-        CHECK (state IN ('in_flight', 'completed', 'failed', 'released')),
+        CHECK (state IN ('in_flight', 'completed', 'failed', 'released', 'queued')),
     -- grows on every claim of the key; completion and release are conditioned on it
     fence                 bigint      NOT NULL DEFAULT 1,
     event_type            text,
@@ -30,6 +30,9 @@ CREATE TABLE IF NOT EXISTS receiver_receipts (
     request_body          bytea,
     attempts              integer     NOT NULL DEFAULT 0,
     last_error            text,
+    -- queued mode: when a worker may next take the receipt (NULL for inline deliveries; kept
+    -- after completion, it marks the receipt as queued)
+    due_at                timestamptz,
     PRIMARY KEY (provider, webhook_id)
 );
 
@@ -38,6 +41,14 @@ CREATE INDEX IF NOT EXISTS receiver_receipts_expires_at
 
 CREATE INDEX IF NOT EXISTS receiver_receipts_in_flight
     ON receiver_receipts (lease_until) WHERE state = 'in_flight';
+
+-- Queued mode: the workers' fetch reads only due rows, oldest first, however large the table.
+CREATE INDEX IF NOT EXISTS receiver_receipts_due
+    ON receiver_receipts (due_at) WHERE state = 'queued';
+
+-- Queued mode: the workers' fetch reads only due rows, oldest first, however large the table.
+CREATE INDEX IF NOT EXISTS receiver_receipts_due
+    ON receiver_receipts (due_at) WHERE state = 'queued';
 
 -- Key drift (the metrics): is this payload already here under another webhook-id?
 CREATE INDEX IF NOT EXISTS receiver_receipts_payload_hash

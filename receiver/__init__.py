@@ -1,6 +1,7 @@
 """receiver: receive webhooks so that each event takes effect exactly once."""
 
 from ._app import Receiver
+from ._backoff import Backoff
 from ._config import load_config
 from ._config_model import Config, ProviderConfig
 from ._events import Event
@@ -43,11 +44,13 @@ from ._verification import (
     generate_secret,
     sign,
 )
+from ._worker import Worker
 
 __version__ = "0.1.0"
 
 __all__ = [
     "RUN_AGAIN",
+    "Backoff",
     "Config",
     "ConfigurationError",
     "Connection",
@@ -82,6 +85,7 @@ __all__ = [
     "VerificationError",
     "VerifiedDelivery",
     "Verifier",
+    "Worker",
     "dedup_window",
     "exponential",
     "generate_keypair",

@@ -15,7 +15,14 @@ import pytest
 
 from receiver._queries import queries
 
-LITERALS = {"text": "'x'", "bytea": "'\\x78'::bytea", "float8": "1.0", "int8": "1", "int4": "1"}
+LITERALS = {
+    "text": "'x'",
+    "bytea": "'\\x78'::bytea",
+    "float8": "1.0",
+    "int8": "1",
+    "int4": "1",
+    "bool": "false",
+}
 
 KEYED = sorted(name for name, sql in queries("postgresql").items() if "webhook_id = $2" in sql)
 
