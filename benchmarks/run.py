@@ -23,7 +23,7 @@ from typing import Any
 
 from receiver import generate_secret
 
-from . import checks, load, profile, report, servers, verifier
+from . import checks, load, profile, report, servers, tracing, verifier
 from .business import PROVIDER
 from .stores import PostgresTarget, SQLiteTarget, Target
 
@@ -79,11 +79,21 @@ class Settings:
     soak_chunk: int = 60  # seconds per wrk run of the soak (each is signed just before it)
     soak_store: str = "postgresql"
     verifier: float = 10.0  # seconds of the verifier micro-benchmark; 0 skips it
+    tracing: int = 5  # rounds of the tracing micro-benchmark; 0 skips it
     profile_seconds: int = 20
 
 
 FULL = Settings()
-QUICK = Settings(duration=2, rounds=1, warmup=1, seed=1, soak=10, soak_chunk=10, verifier=2.0)
+QUICK = Settings(
+    duration=2,
+    rounds=1,
+    warmup=1,
+    seed=1,
+    soak=10,
+    soak_chunk=10,
+    verifier=2.0,
+    tracing=1,
+)
 
 
 @dataclass
@@ -651,6 +661,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--soak", type=int, help="soak seconds (default 300; 0 skips it)")
     parser.add_argument("--soak-store", choices=("postgresql", "sqlite"))
     parser.add_argument("--verifier", type=float, help="verifier micro-benchmark seconds")
+    parser.add_argument("--tracing", type=int, help="tracing micro-benchmark rounds (0 skips)")
     parser.add_argument(
         "--stores", default="postgresql,sqlite", help="comma-separated: postgresql,sqlite"
     )
@@ -704,6 +715,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             "soak",
             "soak_store",
             "verifier",
+            "tracing",
             "profile_seconds",
         )
         if getattr(args, name) is not None
@@ -797,6 +809,10 @@ def run(args: argparse.Namespace) -> int:
                 _say("verifier micro-benchmark...")
                 result["verifier"] = verifier.run(settings.verifier, size=settings.body)
                 _say(verifier.describe(result["verifier"]))
+            if settings.tracing:
+                _say("tracing micro-benchmark...")
+                result["tracing"] = tracing.run(settings.tracing)
+                _say(tracing.describe(result["tracing"]))
             if settings.soak:
                 _say(f"soak: {settings.soak} s on {settings.soak_store}...")
                 result["soak"] = soak(bench)

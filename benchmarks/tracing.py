@@ -166,9 +166,9 @@ def describe(result: dict[str, Any]) -> str:
     for path in ("replay", "fresh"):
         lines.append(
             f"  {path:<6}  no SDK {r[f'{path}_off_us']:7.1f}   "
-            f"SDK {r[f'{path}_sdk_us']:7.1f} (+{r[f'{path}_sdk_overhead_us']:.1f})   "
+            f"SDK {r[f'{path}_sdk_us']:7.1f} ({r[f'{path}_sdk_overhead_us']:+.1f})   "
             f"SDK + in-memory export {r[f'{path}_export_us']:7.1f} "
-            f"(+{r[f'{path}_export_overhead_us']:.1f})"
+            f"({r[f'{path}_export_overhead_us']:+.1f})"
         )
     return "\n".join(lines)
 

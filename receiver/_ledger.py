@@ -7,7 +7,9 @@ no check-then-act anywhere; :func:`decide` only interprets a row the database al
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import orjson
@@ -265,3 +267,90 @@ async def extend_lease(
     row = await conn.run("extend_lease", key.provider, key.webhook_id, fence, now, seconds)
     if row is None:
         raise LeaseLost(f"fence {fence} of {key.provider}/{key.webhook_id} is stale")
+
+
+async def claim_many(
+    conn: Connection, claims: Sequence[Claim], now: float | None
+) -> list[Claimed | Receipt | None]:
+    """Claim many keys at one time ``now`` (the micro-batcher's flush). One result per claim,
+    in order; None where the caller must look the key up (another claim of the same batch won
+    it, or a concurrent one committed after the statement's snapshot).
+
+    PostgreSQL: one statement, one round trip. SQLite: one transaction, one COMMIT (one fsync)
+    for the whole group: SQLite's cost is the sync, not the round trip."""
+    if conn.dialect != "postgresql":
+        async with conn.transaction():
+            return [await claim(conn, dataclasses.replace(c, now=now)) for c in claims]
+    rows = await conn.run_all(
+        "claim_many",
+        now,
+        [c.key.provider for c in claims],
+        [c.key.webhook_id for c in claims],
+        [c.payload_hash for c in claims],
+        [c.event_type for c in claims],
+        [c.lease for c in claims],
+        [c.window for c in claims],
+        [c.body for c in claims],
+    )
+    results: list[Claimed | Receipt | None] = []
+    for asked, row in zip(claims, rows, strict=True):
+        if row["claimed"]:
+            drift = row["drift"]
+            results.append(
+                Claimed(int(row["fence"]), row["now"], None if drift is None else bool(drift))
+            )
+        elif row["state"] is None:
+            results.append(None)
+        else:
+            results.append(Receipt.from_row(asked.key, row))
+    return results
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One fenced completion for :func:`complete_many`."""
+
+    key: Key
+    fence: int
+    response: StoredResponse
+    state: State = State.COMPLETED
+
+
+async def complete_many(
+    conn: Connection, completions: Sequence[Completion], now: float | None
+) -> list[bool]:
+    """Complete many receipts in one statement (SQLite: one transaction); per completion,
+    False if its fence was stale (the caller raises LeaseLost for it, as :func:`complete`
+    would)."""
+    if conn.dialect != "postgresql":
+        results: list[bool] = []
+        async with conn.transaction():
+            for c in completions:
+                row = await conn.run(
+                    "complete",
+                    c.key.provider,
+                    c.key.webhook_id,
+                    c.fence,
+                    c.state.value,
+                    c.response.status,
+                    c.response.content_type,
+                    c.response.body,
+                    now,
+                    encode_headers(c.response.headers),
+                )
+                results.append(row is not None)
+        return results
+    rows = await conn.run_all(
+        "complete_many",
+        now,
+        [c.key.provider for c in completions],
+        [c.key.webhook_id for c in completions],
+        [c.fence for c in completions],
+        [c.state.value for c in completions],
+        [c.response.status for c in completions],
+        [c.response.content_type for c in completions],
+        [c.response.body for c in completions],
+        [encode_headers(c.response.headers) for c in completions],
+    )
+    done = {(r["provider"], r["webhook_id"], r["fence"]) for r in rows}
+    return [(c.key.provider, c.key.webhook_id, c.fence) in done for c in completions]

@@ -27,6 +27,7 @@ from starlette.responses import Response
 
 from . import _ledger as ledger
 from . import _queue as queue
+from ._batcher import Batcher
 from ._cache import ReplayCache
 from ._events import Event
 from ._exceptions import LeaseLost, StoreUnavailable, VerificationError
@@ -196,6 +197,13 @@ class Pipeline:
         self._running: dict[Key, _Running] = {}
         #: Queued deliveries' micro-batcher (receiver/_ingest.py).
         self.ingest = Ingest(store)
+        # Stores that batch (PostgreSQL) share one statement among concurrent claims, and
+        # among the completions of handlers that never touched tx (receiver/_batcher.py).
+        self._claims: Batcher[Claim, ledger.Claimed | Receipt | None] | None = None
+        self._completions: Batcher[ledger.Completion, bool] | None = None
+        if store.batch_flushes:
+            self._claims = Batcher(self._flush_claims, max_in_flight=store.batch_flushes)
+            self._completions = Batcher(self._flush_completions, max_in_flight=store.batch_flushes)
 
     async def deliver(
         self, provider: Provider, headers: Headers, body: bytes, client: str | None = None
@@ -329,6 +337,8 @@ class Pipeline:
             return None
         return await self._run(job, fence)
 
+    # -- queued mode (receiver/_queue.py, _ingest.py, _worker.py) --------------------------------
+
     async def process(
         self,
         provider: Provider,
@@ -373,14 +383,18 @@ class Pipeline:
             return await queue.reclaim(conn, job.claim, seen_fence)
         return await ledger.reclaim(conn, job.claim, seen_fence)
 
-    async def _complete(
-        self, conn: Connection, job: _Job, fence: int, stored: StoredResponse, state: State
+    async def _finish(
+        self, job: _Job, fence: int, stored: StoredResponse, state: State = State.COMPLETED
     ) -> None:
-        key = job.claim.key
+        """:meth:`_complete`, or for a queued receipt the queue's completion (which keeps the
+        stored 202), on a connection of its own."""
         if job.queued is None:
-            await ledger.complete(conn, key, fence, stored, self.store.now(), state=state)
-        else:
-            await queue.complete(conn, key, fence, state, self.store.now(), job.queued.window)
+            await self._complete(job.claim.key, fence, stored, state)
+            return
+        async with self.store.acquire() as conn:
+            await queue.complete(
+                conn, job.claim.key, fence, state, self.store.now(), job.queued.window
+            )
 
     async def _give_back(self, job: _Job, fence: int, exc: Exception) -> Reply:
         """After a failure: released for the sender's retry (inline), or scheduled for the
@@ -461,25 +475,25 @@ class Pipeline:
         claim = job.claim
         key = claim.key
         for _ in range(3):
-            async with self.store.acquire() as conn:
-                got = await ledger.claim(conn, claim)
-                if isinstance(got, ledger.Claimed):
-                    job.drift = got.drift
-                    fence: int | None = got.fence
-                else:
-                    receipt = got
-                    decision = ledger.decide(receipt, claim.payload_hash)
-                    if decision is Decision.REPLAY:
-                        assert receipt.response is not None
-                        if receipt.state is State.COMPLETED:
-                            self._remember(job, receipt.response)
-                        return Reply(replay(receipt.response, replayed=True), Outcome.REPLAYED)
-                    if decision is Decision.MISMATCH:
-                        return self._mismatch(key)
-                    if decision is Decision.IN_FLIGHT:
-                        return self._in_flight(receipt)
-                    if decision is Decision.RECOVER and _external(job.handlers):
-                        break
+            got = await self._claim(claim)
+            if isinstance(got, ledger.Claimed):
+                job.drift = got.drift
+                fence: int | None = got.fence
+            else:
+                receipt = got
+                decision = ledger.decide(receipt, claim.payload_hash)
+                if decision is Decision.REPLAY:
+                    assert receipt.response is not None
+                    if receipt.state is State.COMPLETED:
+                        self._remember(job, receipt.response)
+                    return Reply(replay(receipt.response, replayed=True), Outcome.REPLAYED)
+                if decision is Decision.MISMATCH:
+                    return self._mismatch(key)
+                if decision is Decision.IN_FLIGHT:
+                    return self._in_flight(receipt)
+                if decision is Decision.RECOVER and _external(job.handlers):
+                    break
+                async with self.store.acquire() as conn:
                     fence = await ledger.reclaim(conn, claim, receipt.fence)
                     if fence is not None and decision is Decision.RECOVER:
                         logger.warning(
@@ -534,12 +548,83 @@ class Pipeline:
         )
         return Reply(response, Outcome.IN_FLIGHT, fence)
 
-    async def _complete_alone(
-        self, job: _Job, fence: int, stored: StoredResponse, state: State = State.COMPLETED
+    async def _complete(
+        self, key: Key, fence: int, stored: StoredResponse, state: State = State.COMPLETED
     ) -> None:
-        """Complete a receipt whose handlers wrote nothing: one autocommitted statement."""
+        """Complete a receipt whose handlers wrote nothing: one autocommitted statement, or
+        one place in the batcher's next statement. LeaseLost if the fence is stale."""
+        if self._completions is None:
+            async with self.store.acquire() as conn:
+                await ledger.complete(conn, key, fence, stored, self.store.now(), state=state)
+            return
+        if not await self._completions.submit(ledger.Completion(key, fence, stored, state)):
+            raise LeaseLost(f"fence {fence} of {key.provider}/{key.webhook_id} is stale")
+
+    async def _claim(self, claim: Claim) -> ledger.Claimed | Receipt:
+        """Claim the key: one statement of its own, or one place in the batcher's next."""
+        if self._claims is None:
+            async with self.store.acquire() as conn:
+                return await ledger.claim(conn, claim)
+        for _ in range(3):
+            got = await self._claims.submit(claim)
+            if got is not None:
+                return got
+            # Another claim of the same batch won the key, or a concurrent one committed just
+            # after the batch's snapshot: the row is there now.
+            async with self.store.acquire() as conn:
+                existing = await ledger.lookup(conn, claim.key, claim.now)
+            if existing is not None:
+                return existing
+        raise LeaseLost(f"receipt {claim.key.webhook_id!r} kept vanishing while being claimed")
+
+    async def _flush_claims(
+        self, claims: Sequence[Claim]
+    ) -> Sequence[ledger.Claimed | Receipt | BaseException | None]:
         async with self.store.acquire() as conn:
-            await self._complete(conn, job, fence, stored, state)
+            try:
+                return await ledger.claim_many(conn, claims, self.store.now())
+            except StoreUnavailable:
+                raise
+            except Exception:
+                if len(claims) == 1:
+                    raise
+                logger.exception("batched claim failed; claiming one by one")
+            # One item's problem never fails its neighbours.
+            results: list[ledger.Claimed | Receipt | BaseException | None] = []
+            for claim in claims:
+                try:
+                    results.append(await ledger.claim(conn, claim))
+                except StoreUnavailable:
+                    raise
+                except Exception as exc:
+                    results.append(exc)
+            return results
+
+    async def _flush_completions(
+        self, completions: Sequence[ledger.Completion]
+    ) -> Sequence[bool | BaseException]:
+        async with self.store.acquire() as conn:
+            try:
+                return await ledger.complete_many(conn, completions, self.store.now())
+            except StoreUnavailable:
+                raise
+            except Exception:
+                if len(completions) == 1:
+                    raise
+                logger.exception("batched completion failed; completing one by one")
+            results: list[bool | BaseException] = []
+            for c in completions:
+                try:
+                    now = self.store.now()
+                    await ledger.complete(conn, c.key, c.fence, c.response, now, state=c.state)
+                    results.append(True)
+                except LeaseLost:
+                    results.append(False)
+                except StoreUnavailable:
+                    raise
+                except Exception as exc:
+                    results.append(exc)
+            return results
 
     async def _run(
         self,
@@ -559,10 +644,10 @@ class Pipeline:
             handlers = job.handlers
         if job.parsed.problem is not None:
             final = stored_error(400, "invalid_payload", job.parsed.problem)
-            await self._complete_alone(job, fence, final, State.FAILED)
+            await self._finish(job, fence, final, State.FAILED)
             return Reply(replay(final, replayed=False), Outcome.INVALID, fence)
         if not handlers and answer is None:
-            await self._complete_alone(job, fence, IGNORED)
+            await self._finish(job, fence, IGNORED)
             self._remember(job, IGNORED)
             return Reply(replay(IGNORED, replayed=False), Outcome.IGNORED, fence)
         running = _Running(job.claim.payload_hash, fence, self.clock() + job.claim.lease)
@@ -584,6 +669,7 @@ class Pipeline:
         key = job.claim.key
         finished = False
         failure: Exception | None = None
+        deferred: StoredResponse | None = None  # a completion left to the batcher
         async with self.store.lazy() as tx:
             event = _with_fence(job.event, fence, self._extender(tx, key, fence, running))
             try:
@@ -594,7 +680,16 @@ class Pipeline:
                     result = await self._call(handlers, event, tx)
                     finished = True
                     stored = _final(answer or encode(result), key)
-                    await self._complete(tx, job, fence, stored, State.COMPLETED)
+                    if tx.in_transaction and job.queued is not None:
+                        await queue.complete(
+                            tx, key, fence, State.COMPLETED, self.store.now(), job.queued.window
+                        )
+                    elif tx.in_transaction:
+                        # The handlers wrote: their writes and the fenced completion commit
+                        # together, or not at all.
+                        await ledger.complete(tx, key, fence, stored, self.store.now())
+                    else:
+                        deferred = stored
             except LeaseLost as exc:
                 failure = exc
             except StoreUnavailable as exc:
@@ -608,6 +703,13 @@ class Pipeline:
             except Exception as exc:
                 # A handler's own exception, whatever its type (a downstream timeout, a refused
                 # connection, a driver error of its own making): a handler failure, never 503.
+                failure = exc
+        if failure is None and deferred is not None:
+            # The handlers never touched tx: their completion is one statement of its own,
+            # shared with other deliveries' where the store batches.
+            try:
+                await self._finish(job, fence, deferred)
+            except LeaseLost as exc:
                 failure = exc
         if isinstance(failure, LeaseLost):
             if finished:
@@ -696,7 +798,7 @@ class Pipeline:
                 "ALERT: interrupted external handler has no reconcile(); receipt marked failed",
                 extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
             )
-            await self._complete_alone(job, fence, _NEEDS_REVIEW, State.FAILED)
+            await self._finish(job, fence, _NEEDS_REVIEW, State.FAILED)
             return Reply(replay(_NEEDS_REVIEW, replayed=False), Outcome.NEEDS_REVIEW, fence)
         async with self.store.lazy() as conn:
             event = _with_fence(job.event, fence, self._extender(conn, key, fence))

@@ -105,8 +105,21 @@ class PostgresStore(Store):
         acquire_timeout: float = 5.0,
         connect_timeout: float = 5.0,
         clock: Callable[[], float] | None = None,
+        batch_flushes: int | None = None,
     ) -> None:
         self.clock = clock
+        if batch_flushes is None:
+            # Up to 4 batched statements in flight, never more than half the pool: the rest is
+            # for handlers' transactions.
+            batch_flushes = min(4, max_size // 2)
+        if not 0 <= batch_flushes < max_size:
+            from ._exceptions import ConfigurationError
+
+            raise ConfigurationError(
+                f"batch_flushes={batch_flushes} must be between 0 (no batching) and "
+                f"max_size - 1 ({max_size - 1}): each flush in flight holds a pooled connection"
+            )
+        self.batch_flushes = batch_flushes
         if (dsn is None) == (pool is None):
             from ._exceptions import ConfigurationError
 

@@ -101,8 +101,12 @@ class SQLiteStore(Store):
         *,
         busy_timeout: float = 5.0,
         clock: Callable[[], float] | None = None,
+        group_commit: bool = True,
     ) -> None:
         self.clock = clock
+        # Group commit: concurrent claims, and the completions of handlers that never touched
+        # tx, share one transaction and one COMMIT (one fsync under synchronous=FULL).
+        self.batch_flushes = 1 if group_commit else 0
         self._path = str(path)
         self._busy_timeout = busy_timeout
         self._conn: aiosqlite.Connection | None = None

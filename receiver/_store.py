@@ -195,6 +195,9 @@ class Store(abc.ABC):
     dialect: ClassVar[str]
     #: An injected ledger clock, or None for the database's (see the class docstring).
     clock: Callable[[], float] | None = None
+    #: How many batched statements may be in flight at once (receiver/_batcher.py); 0: the
+    #: store does not batch, every claim and completion is a statement of its own.
+    batch_flushes: int = 0
 
     def now(self) -> float | None:
         """The time to hand the ledger's statements: None means the database's clock."""

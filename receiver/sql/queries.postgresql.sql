@@ -247,6 +247,8 @@ ins AS (
            t.now, 'infinity', t.now, d.request_body, $7, $8, $9
     FROM t, unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::bytea[])
         AS d(provider, webhook_id, payload_hash, event_type, request_body)
+    -- Key order: two batches waiting on each other's keys would otherwise deadlock.
+    ORDER BY d.provider, d.webhook_id
     ON CONFLICT (provider, webhook_id) DO NOTHING
     RETURNING provider, webhook_id
 ),
@@ -393,3 +395,83 @@ FROM t
 WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state = 'in_flight'
   AND due_at IS NOT NULL
 RETURNING fence;
+
+-- The micro-batcher's statements (receiver/_batcher.py). PostgreSQL only: their point is to
+-- save round trips, and SQLite, in-process with one writer, has none to save.
+
+-- name: claim_many
+-- Many claims in one statement: $1 is the time (NULL: the database's), then one array per
+-- column, in the order of the batch. One row back per input, in order: claimed (this input won
+-- its key, with fence 1), or the existing receipt, or neither (state NULL: another input of
+-- this batch won the key, or a concurrent claim committed after this statement's snapshot; the
+-- caller looks it up). Keys are inserted in key order, so concurrent batches never deadlock.
+WITH t AS (SELECT COALESCE(to_timestamp($1::float8), statement_timestamp()) AS now),
+input AS (
+    SELECT *
+    FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::float8[], $7::float8[],
+                $8::bytea[])
+        WITH ORDINALITY AS i(provider, webhook_id, payload_hash, event_type, lease, win, body, n)
+),
+first AS (
+    SELECT DISTINCT ON (provider, webhook_id) provider, webhook_id, n
+    FROM input
+    ORDER BY provider, webhook_id, n
+),
+claimed AS (
+    INSERT INTO receiver_receipts
+        (provider, webhook_id, payload_hash, state, fence, event_type,
+         claimed_at, lease_until, expires_at, request_body)
+    SELECT i.provider, i.webhook_id, i.payload_hash, 'in_flight', 1, i.event_type,
+           t.now, t.now + i.lease * interval '1 second', t.now + i.win * interval '1 second',
+           i.body
+    FROM first f
+    JOIN input i ON i.n = f.n
+    CROSS JOIN t
+    ORDER BY i.provider, i.webhook_id
+    ON CONFLICT (provider, webhook_id) DO NOTHING
+    RETURNING provider, webhook_id, fence
+)
+SELECT i.n,
+       (c.fence IS NOT NULL AND f.n = i.n) AS claimed,
+       COALESCE(c.fence, r.fence) AS fence,
+       extract(epoch FROM t.now)::float8 AS now,
+       CASE WHEN c.fence IS NOT NULL AND f.n = i.n THEN EXISTS (
+           SELECT 1 FROM receiver_receipts d
+           WHERE d.provider = i.provider AND d.payload_hash = i.payload_hash
+             AND d.webhook_id <> i.webhook_id AND d.expires_at > t.now
+       ) END AS drift,
+       r.state, r.payload_hash, r.event_type,
+       extract(epoch FROM r.claimed_at)::float8 AS claimed_at,
+       extract(epoch FROM r.lease_until)::float8 AS lease_until,
+       extract(epoch FROM r.expires_at)::float8 AS expires_at,
+       extract(epoch FROM r.completed_at)::float8 AS completed_at,
+       r.response_status, r.response_content_type, r.response_body, r.response_headers,
+       NULL::bytea AS request_body, r.attempts, r.last_error
+FROM input i
+CROSS JOIN t
+JOIN first f ON f.provider = i.provider AND f.webhook_id = i.webhook_id
+LEFT JOIN claimed c ON c.provider = i.provider AND c.webhook_id = i.webhook_id
+LEFT JOIN receiver_receipts r
+    ON c.fence IS NULL AND r.provider = i.provider AND r.webhook_id = i.webhook_id
+ORDER BY i.n;
+
+-- name: complete_many
+-- Many fenced completions in one statement (handlers that never touched tx): $1 the time, then
+-- one array per column. The keys that come back were completed; a missing one had a stale
+-- fence (a newer claim owns it).
+WITH t AS (SELECT COALESCE(to_timestamp($1::float8), statement_timestamp()) AS now)
+UPDATE receiver_receipts r
+SET state = i.state,
+    response_status = i.status,
+    response_content_type = i.content_type,
+    response_body = i.body,
+    response_headers = i.headers,
+    completed_at = t.now,
+    request_body = CASE WHEN i.state = 'completed' THEN NULL ELSE r.request_body END
+FROM unnest($2::text[], $3::text[], $4::int8[], $5::text[], $6::int4[], $7::text[],
+            $8::bytea[], $9::bytea[])
+        AS i(provider, webhook_id, fence, state, status, content_type, body, headers)
+CROSS JOIN t
+WHERE r.provider = i.provider AND r.webhook_id = i.webhook_id AND r.fence = i.fence
+  AND r.state = 'in_flight'
+RETURNING r.provider, r.webhook_id, r.fence;

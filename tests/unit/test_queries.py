@@ -12,13 +12,19 @@ def parameters(sql: str) -> set[int]:
     return {int(n) for n in re.findall(r"[$?](\d+)", sql)}
 
 
+# The micro-batcher's statements exist where a store batches (PostgreSQL): they save round
+# trips, and SQLite, in-process with one writer, has none to save.
+BATCH_ONLY = {"claim_many", "complete_many"}
+
+
 def test_both_dialects_define_the_same_statements() -> None:
     names = [set(queries(d)) for d in DIALECTS]
-    assert names[0] == names[1]
+    assert names[0] - BATCH_ONLY == names[1]
+    assert names[0] >= BATCH_ONLY
     assert {"claim", "lookup", "reclaim", "complete", "release", "stale"} <= names[0]
 
 
-@pytest.mark.parametrize("name", sorted(queries("postgresql")))
+@pytest.mark.parametrize("name", sorted(set(queries("postgresql")) - BATCH_ONLY))
 def test_same_positional_parameters(name: str) -> None:
     assert parameters(queries("postgresql")[name]) == parameters(queries("sqlite")[name])
 

@@ -1,0 +1,92 @@
+"""Coalescing concurrent statements into one: the micro-batcher.
+
+On PostgreSQL a delivery's cost is round trips, not work: a claim is one short INSERT, and
+sixteen claims in one ``INSERT ... SELECT ... FROM unnest(...)`` cost barely more than one.
+:class:`Batcher` gathers what concurrent deliveries submit and hands it to a ``flush`` function
+as one list.
+
+- A flush starts at once when a flush slot is free, so a lone delivery waits for nothing: at low
+  load every batch has one item and the latency is one statement's.
+- While every slot is busy (``max_in_flight`` flushes, each on its own connection), submissions
+  accumulate, and the next free slot takes up to ``max_size`` of them: the busier the store, the
+  larger the batches. This is group commit, with no timer anywhere.
+- ``flush`` returns one result per item, in order; an item's result may be an exception, raised
+  to that item's caller alone. An exception from ``flush`` itself fails the whole batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+Flush = Callable[[Sequence[In]], Awaitable[Sequence[Out | BaseException]]]
+
+
+class Batcher(Generic[In, Out]):
+    def __init__(
+        self, flush: Flush[In, Out], *, max_size: int = 64, max_in_flight: int = 4
+    ) -> None:
+        if max_size < 1 or max_in_flight < 1:
+            raise ValueError("max_size and max_in_flight must be at least 1")
+        self._flush = flush
+        self.max_size = max_size
+        self.max_in_flight = max_in_flight
+        self._pending: list[tuple[In, asyncio.Future[Out]]] = []
+        self._in_flight = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: Sizes of the batches flushed so far (for tests and the benchmark), bounded.
+        self.sizes: list[int] = []
+
+    async def submit(self, item: In) -> Out:
+        """Queue ``item`` for the next flush and wait for its own result."""
+        future: asyncio.Future[Out] = asyncio.get_running_loop().create_future()
+        self._pending.append((item, future))
+        self._start()
+        # Shielded: a caller that gives up (a client disconnect) must not cancel the flush
+        # that its neighbours wait for; the item's outcome is simply not looked at.
+        return await asyncio.shield(future)
+
+    def _start(self) -> None:
+        while self._pending and self._in_flight < self.max_in_flight:
+            batch, self._pending = self._pending[: self.max_size], self._pending[self.max_size :]
+            self._in_flight += 1
+            task = asyncio.get_running_loop().create_task(self._run(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, batch: list[tuple[In, asyncio.Future[Out]]]) -> None:
+        try:
+            if len(self.sizes) < 100_000:
+                self.sizes.append(len(batch))
+            try:
+                results = await self._flush([item for item, _ in batch])
+                if len(results) != len(batch):
+                    raise RuntimeError(
+                        f"flush returned {len(results)} results for {len(batch)} items"
+                    )
+            except BaseException as exc:  # the whole batch failed (store unavailable, ...)
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+                return
+            for (_, future), result in zip(batch, results, strict=True):
+                if future.done():
+                    continue
+                if isinstance(result, BaseException):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+        finally:
+            self._in_flight -= 1
+            self._start()
+
+    async def close(self) -> None:
+        """Wait for the flushes under way."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
