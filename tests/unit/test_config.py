@@ -389,24 +389,26 @@ ERRORS = [
     (
         'stor = "x"\n' + P,
         "receiver.toml:1: stor: unknown key (did you mean store?); the file's top level takes "
-        "store, handlers, max_body_size, retry_after, sweep_interval, trusted_proxies, providers",
+        "store, handlers, max_body_size, retry_after, sweep_interval, trusted_proxies, workers, "
+        "providers",
     ),
     (
         'scheme = "stripe"\n' + P,
         "receiver.toml:1: scheme: unknown key (provider settings go in a [providers.NAME] "
         "table); the file's top level takes store, handlers, max_body_size, retry_after, "
-        "sweep_interval, trusted_proxies, providers",
+        "sweep_interval, trusted_proxies, workers, providers",
     ),
     (
         P + "max_body_size = 10\n",
         "receiver.toml:3: providers.b.max_body_size: unknown key (top-level keys must come "
         "before the first [table] header); a provider takes scheme, secrets_env, tolerance, "
-        "schedule, review_margin, ttl, lease",
+        "schedule, review_margin, ttl, lease, mode, retry_attempts, retry_base, retry_cap",
     ),
     (
         P + 'shedule = "svix"\n',
         "receiver.toml:3: providers.b.shedule: unknown key (did you mean schedule?); a provider "
-        "takes scheme, secrets_env, tolerance, schedule, review_margin, ttl, lease",
+        "takes scheme, secrets_env, tolerance, schedule, review_margin, ttl, lease, mode, "
+        "retry_attempts, retry_base, retry_cap",
     ),
     # secrets never in the file
     (
