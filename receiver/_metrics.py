@@ -284,6 +284,7 @@ class Metrics:
         for outcome in QUEUE_OUTCOMES:
             self.queue_attempts.labels(provider, outcome)
         self.dead_letters.labels(provider)
+        self.queue_lag_seconds.labels(provider)
         self.handler_seconds.labels(provider)
         self._ledger.providers.append(provider)
 

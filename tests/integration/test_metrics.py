@@ -660,6 +660,7 @@ def exported_metric_names() -> set[str]:
     rx = Receiver("sqlite:///unused.db", [Provider(PROVIDER, [SECRET])])
     assert rx.metrics is not None
     rx.metrics._ledger.counts, rx.metrics._ledger.oldest = {}, {}
+    rx.metrics._ledger.queue = {}
     return {s.name for family in rx.metrics.registry.collect() for s in family.samples}
 
 

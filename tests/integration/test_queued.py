@@ -229,3 +229,23 @@ async def test_a_dead_workers_receipt_runs_once_more_under_the_next_fence(store:
             fences = await conn.fetch("SELECT fence FROM effects WHERE webhook_id = 'q5'")
         assert [r["fence"] for r in fences] == [2]
         assert state["calls"] == 2
+
+
+async def test_queue_metrics(store: Store) -> None:
+    clock = Clock()
+    rx, state = queued_receiver(store, clock, retry=Backoff(attempts=1, base=1.0, cap=1.0))
+    state["fail"] = True
+    assert rx.metrics is not None
+    async with rx:
+        for i in range(3):
+            await deliver(rx, f"m{i}", body_of(order=i), clock)
+        clock.advance(7.0)
+        text = (await rx.metrics.render(store, clock())).decode()
+        assert 'receiver_queue_depth{provider="acme",state="due"} 3.0' in text
+        assert 'receiver_queue_oldest_due_age_seconds{provider="acme"} 7.0' in text
+        assert await drain(rx) == {"dead_letter": 3}
+        text = (await rx.metrics.render(store, clock())).decode()
+        assert 'receiver_queue_depth{provider="acme",state="due"} 0.0' in text
+        assert 'receiver_queue_dead_letters_total{provider="acme"} 3.0' in text
+        assert 'receiver_queue_attempts_total{outcome="dead_letter",provider="acme"} 3.0' in text
+        assert 'receiver_queue_lag_seconds_count{provider="acme"} 3.0' in text
