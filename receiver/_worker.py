@@ -131,11 +131,16 @@ class Worker:
             await self._drain()
 
     async def _guarded(self, step: Any) -> int:
+        """One fetch or stale scan; a worker outlives any failure of one (the database
+        restarting, a connection broken mid-statement): it logs it and polls again."""
         try:
             return int(await step)
         except StoreUnavailable as exc:
             logger.warning("worker: store unavailable (%s); retrying", exc)
-            return 0
+        except Exception:
+            logger.exception("worker: fetch failed; retrying")
+        await asyncio.sleep(min(self.poll_interval, 1.0))
+        return 0
 
     async def _fetch(self, limit: int) -> int:
         store = self.rx.store
@@ -176,11 +181,13 @@ class Worker:
                 row["fence"],
                 q,
             )
-        except StoreUnavailable as exc:
-            # The completion could not reach the store: the receipt stays in flight and the
-            # stale recovery takes it over when its lease runs out.
+        except Exception as exc:
+            # The completion (or the retry's scheduling) could not reach the store: the
+            # receipt stays in flight, and the stale recovery takes it over when its lease
+            # runs out.
             logger.warning(
-                "worker: store unavailable while finishing an attempt (%s)",
+                "worker: attempt left in flight for the stale recovery (%s: %s)",
+                type(exc).__name__,
                 exc,
                 extra={"provider": key.provider, "webhook_id": key.webhook_id},
             )
@@ -206,7 +213,8 @@ class Worker:
         q = queue.Queued(receipt.attempts, provider.retry, provider.window.window)
         try:
             reply = await self.rx.pipeline.recover(provider, receipt, queued=q)
-        except StoreUnavailable:
+        except Exception as exc:  # as in _process: the stale recovery tries again later
+            logger.warning("worker: recovery failed (%s)", type(exc).__name__)
             return
         if reply is None:
             return
