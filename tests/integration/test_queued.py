@@ -249,3 +249,25 @@ async def test_queue_metrics(store: Store) -> None:
         assert 'receiver_queue_dead_letters_total{provider="acme"} 3.0' in text
         assert 'receiver_queue_attempts_total{outcome="dead_letter",provider="acme"} 3.0' in text
         assert 'receiver_queue_lag_seconds_count{provider="acme"} 3.0' in text
+
+
+async def test_in_process_workers_run_in_the_app_s_lifespan(store: Store) -> None:
+    rx = Receiver(store, [Provider(PROVIDER, [SECRET], mode="queued")], workers=2)
+    ran: list[str] = []
+
+    @rx.on("order.*")
+    async def record(event: Event, tx: Connection) -> None:
+        ran.append(event.id)
+
+    async with rx.lifespan():
+        body = body_of(order=1)
+        answer = await rx.deliver(PROVIDER, signed("in-app", body), body)
+        assert answer.status_code == 202
+        # Woken by its own ingest at once (no poll interval to wait out).
+        for _ in range(100):
+            if ran:
+                break
+            await asyncio.sleep(0.02)
+        assert ran == ["in-app"]
+    assert rx._worker is None  # stopped with the app
+    assert (await receipt(store, "in-app")).state is State.COMPLETED
