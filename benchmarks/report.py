@@ -60,6 +60,25 @@ def table(scenarios: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def against_hand(scenarios: list[dict[str, Any]]) -> str:
+    """The receiver against the hand-written receivers measured in the same run."""
+    lines = []
+    for s in scenarios:
+        for kind, ref in s.get("references", {}).items():
+            vs = s["vs_hand"].get(kind, 0)
+            lines.append(
+                f"| {s['store']} | {s['name']} | {kind} | {ref['rps']:,.0f} | {ref['ratio']:.2f} "
+                f"| {s['receiver']['rps']:,.0f} | {s['ratio']:.2f} | {vs:.2f}x |"
+            )
+    if not lines:
+        return ""
+    head = (
+        "| store | scenario | hand-written | its req/s | its ratio | receiver req/s | "
+        "receiver ratio | receiver vs hand |\n|---|---|---|---|---|---|---|---|"
+    )
+    return head + "\n" + "\n".join(lines)
+
+
 def markdown(scenarios: list[dict[str, Any]]) -> str:
     """The same table in Markdown, for the README."""
     header = [c[0] for c in COLUMNS]

@@ -405,6 +405,62 @@ def wait_quiet(limit: float) -> None:
             return
 
 
+# The receivers people write by hand (benchmarks/handwritten.py), measured beside the receiver
+# in every fresh one-worker scenario: the guarantees should not cost more than these.
+REFERENCES = {"postgresql": ("pg2", "pg1"), "sqlite": ("sqlite",)}
+
+
+def references(
+    bench: Bench, scenario: Scenario, target: Target, bare: servers.Server
+) -> dict[str, dict[str, Any]]:
+    """Each hand-written receiver of the store, in rounds interleaved with the bare endpoint."""
+    if scenario.kind != "fresh" or scenario.workers != 1:
+        return {}
+    s = bench.settings
+    found: dict[str, dict[str, Any]] = {}
+    for kind in REFERENCES[target.name]:
+        url = bench.pg_url if target.name == "postgresql" else str(bench.path(f"hand-{kind}.db"))
+        server = servers.Server(
+            f"hand-{kind}-{scenario.name}-{target.name}",
+            "benchmarks.handwritten",
+            workers=1,
+            env={
+                "HAND_KIND": kind,
+                "HAND_STORE": url,
+                "HAND_SECRET": bench.secret,
+                "HAND_HANDLER": scenario.handler,
+            },
+            log=bench.path(f"hand-{kind}-{scenario.name}.log"),
+        )
+        runs: list[Run] = []
+        bare_runs: list[Run] = []
+        with server:
+            fresh = bench.ids.take(bench.fresh_count(s.warmup))
+            bench.measure(server, bench.deliveries("hand-warmup", fresh), "hand-warmup", s.warmup)
+            for n in range(1, s.rounds + 1):
+                label = f"hand-{kind}-r{n}"
+                data = bench.deliveries(label, bench.ids.take(bench.fresh_count(s.duration)))
+                runs.append(bench.measure(server, data, label, s.duration))
+                bare_runs.append(bench.measure(bare, bench.filler(), f"bare-h{n}", s.duration))
+        hand, b = _summary(runs), _summary(bare_runs)
+        seen = checks.observe(log for r in runs for log in r.wrk.logs)
+        found[kind] = {
+            **hand,
+            "bare_rps": b["rps"],
+            "ratio": round(hand["rps"] / b["rps"], 3) if b["rps"] else 0.0,
+            "cpu": _per_request(runs),
+            "statuses": {str(k): v for k, v in sorted(seen.statuses.items())},
+        }
+        if seen.answers != seen.ok:
+            _say(f"    warning: hand-written {kind} answered {dict(seen.statuses)}")
+        _say(
+            f"  {target.name:<10} {scenario.name:<13} hand-written {kind:<6} "
+            f"{hand['rps']:>8,.0f} req/s  p50 {hand['p50_ms']:6.2f} ms  "
+            f"p99 {hand['p99_ms']:6.2f} ms  | ratio {found[kind]['ratio']:.2f}"
+        )
+    return found
+
+
 def run_scenario(bench: Bench, scenario: Scenario, store: str) -> dict[str, Any]:
     s = bench.settings
     if bench.wait_quiet:
@@ -425,6 +481,7 @@ def run_scenario(bench: Bench, scenario: Scenario, store: str) -> dict[str, Any]
         rss, hwm = server.memory_kib()
     verdict = scene.verdict()
     stats_after = target.stats()
+    hands = references(bench, scenario, target, bare)
     answers = verdict.counts["answers"]
     db_per_request = _per_answer(stats_before, stats_after, answers)
     _index_warnings(db_per_request, verdict)
@@ -448,6 +505,10 @@ def run_scenario(bench: Bench, scenario: Scenario, store: str) -> dict[str, Any]
         "ratio": round(rx["rps"] / b["rps"], 3) if b["rps"] else 0.0,
         "ratio_range": [round(min(ratios), 3), round(max(ratios), 3)] if ratios else None,
         "target": TARGETS.get((scenario.name, store)),
+        # The hand-written receivers of the same store, same run; "vs" is the receiver's req/s
+        # over theirs (a figure above 1: the receiver is faster).
+        "references": hands,
+        "vs_hand": {k: round(rx["rps"] / v["rps"], 2) for k, v in hands.items() if v["rps"]},
         "cpu": _per_request(rx_runs),
         "bare_cpu": _per_request(bare_runs),
         "memory": {"server_rss_kib": rss, "server_peak_rss_kib": hwm},
@@ -850,7 +911,12 @@ def run(args: argparse.Namespace) -> int:
             args.out.mkdir(parents=True, exist_ok=True)
             report.write_json(args.out / "latest.json", result)
             report.chart(args.out / "latest.png", result)
-            (args.out / "latest.md").write_text(report.markdown(result["scenarios"]) + "\n")
+            hand = report.against_hand(result["scenarios"])
+            if hand:
+                _say("\nagainst the hand-written receivers (same run):\n" + hand)
+            (args.out / "latest.md").write_text(
+                report.markdown(result["scenarios"]) + "\n\n" + hand + "\n"
+            )
             _say(f"wrote {args.out / 'latest.json'}, latest.png, latest.md")
             return _finish(bench, started)
         finally:

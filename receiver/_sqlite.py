@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import re
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,10 @@ from ._store import Connection, Row, Store, split_statements
 
 # "$1" -> "?1": handlers write PostgreSQL-style placeholders on every store.
 _PLACEHOLDER = re.compile(r"\$(\d+)")
+
+
+def translate(query: str) -> str:
+    return _PLACEHOLDER.sub(r"?\1", query)
 
 
 def _is_unavailable(exc: sqlite3.Error) -> bool:
@@ -43,29 +48,104 @@ def _translated() -> Any:
         raise
 
 
+class _Group:
+    """Group commit: the transactions of several deliveries, each in a SAVEPOINT of one open
+    transaction, made durable by one COMMIT (one fsync under synchronous=FULL).
+
+    A member's savepoint is released when its work succeeds (a failure rolls back its own
+    savepoint only); the member then waits, outside the store's lock, for the COMMIT that makes
+    it durable, and only then is its answer sent. The group is committed when nobody else is
+    waiting for the connection, when it has ``max_members``, when it is older than
+    ``max_age`` seconds, or before any statement outside a transaction runs (so that an
+    autocommitted statement never lands in someone else's uncommitted transaction).
+    """
+
+    def __init__(self, max_members: int = 64, max_age: float = 0.05) -> None:
+        self.max_members = max_members
+        self.max_age = max_age
+        self.open = False
+        self.opened_at = 0.0
+        self.members: list[asyncio.Future[None]] = []
+        self.sizes: list[int] = []  # members per COMMIT, for tests and the benchmark
+
+    async def begin(self, conn: aiosqlite.Connection) -> None:
+        if not self.open:
+            with _translated():
+                await conn.execute("BEGIN IMMEDIATE")
+            self.open, self.opened_at = True, time.monotonic()
+
+    def join(self) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.members.append(future)
+        return future
+
+    def due(self, waiting: int) -> bool:
+        return self.open and (
+            waiting == 0
+            or len(self.members) >= self.max_members
+            or time.monotonic() - self.opened_at >= self.max_age
+        )
+
+    async def commit(self, conn: aiosqlite.Connection) -> None:
+        if not self.open:
+            return
+        members, self.members, self.open = self.members, [], False
+        if len(self.sizes) < 100_000:
+            self.sizes.append(len(members))
+        try:
+            with _translated():
+                await conn.execute("COMMIT")
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                await conn.execute("ROLLBACK")
+            for future in members:
+                if not future.done():
+                    future.set_exception(
+                        exc if isinstance(exc, Exception) else StoreUnavailable("commit failed")
+                    )
+            raise
+        for future in members:
+            if not future.done():
+                future.set_result(None)
+
+
 class SQLiteConnection(Connection):
     dialect = "sqlite"
 
-    def __init__(self, conn: aiosqlite.Connection) -> None:
+    def __init__(self, conn: aiosqlite.Connection, group: _Group | None = None) -> None:
         super().__init__()
         self._conn = conn
         self._depth = 0
+        self._group = group
+        #: Set when this connection's work joined a group: its COMMIT is still to come.
+        self.pending: asyncio.Future[None] | None = None
 
     def _raw(self) -> aiosqlite.Connection:
         return self._conn
 
+    async def _outside(self) -> None:
+        """A statement outside any transaction of ours: commit an open group first."""
+        if self._depth == 0 and self._group is not None and self._group.open:
+            await self._group.commit(self._conn)
+
     async def _execute(self, query: str, *args: Any) -> None:
+        await self._outside()
         with _translated():
-            await self._conn.execute(_PLACEHOLDER.sub(r"?\1", query), args)
+            await self._conn.execute(translate(query), args)
 
     async def _fetch(self, query: str, *args: Any) -> list[Row]:
+        await self._outside()
         with _translated():
             # One hop to aiosqlite's thread (execute, fetch and close the cursor there).
-            rows = await self._conn.execute_fetchall(_PLACEHOLDER.sub(r"?\1", query), args)
+            rows = await self._conn.execute_fetchall(translate(query), args)
         return [dict(zip(row.keys(), tuple(row), strict=True)) for row in rows]
 
     @contextlib.asynccontextmanager
     async def _transaction(self) -> AsyncIterator[None]:
+        if self._depth == 0 and self._group is not None:
+            async with self._member():
+                yield
+            return
         depth = self._depth
         begin, commit, rollback = (
             ("BEGIN IMMEDIATE", "COMMIT", "ROLLBACK")
@@ -88,6 +168,27 @@ class SQLiteConnection(Connection):
         with _translated():
             await self._conn.execute(commit)
 
+    @contextlib.asynccontextmanager
+    async def _member(self) -> AsyncIterator[None]:
+        """This connection's outermost transaction, as a savepoint of the open group."""
+        assert self._group is not None
+        await self._group.begin(self._conn)
+        with _translated():
+            await self._conn.execute("SAVEPOINT member")
+        self._depth = 1
+        try:
+            yield
+        except BaseException:
+            self._depth = 0
+            with _translated():
+                await self._conn.execute("ROLLBACK TO member")
+                await self._conn.execute("RELEASE member")
+            raise
+        self._depth = 0
+        with _translated():
+            await self._conn.execute("RELEASE member")
+        self.pending = self._group.join()
+
 
 class SQLiteStore(Store):
     """Receipts in a SQLite file (WAL mode). ``busy_timeout`` bounds how long a delivery waits
@@ -107,6 +208,9 @@ class SQLiteStore(Store):
         # Group commit: concurrent claims, and the completions of handlers that never touched
         # tx, share one transaction and one COMMIT (one fsync under synchronous=FULL).
         self.batch_flushes = 1 if group_commit else 0
+        self._group = _Group() if group_commit else None
+        self._waiting = 0  # deliveries waiting for the connection (the group's commit rule)
+        self._flusher: asyncio.Task[None] | None = None
         self._path = str(path)
         self._busy_timeout = busy_timeout
         self._conn: aiosqlite.Connection | None = None
@@ -140,7 +244,13 @@ class SQLiteStore(Store):
             self._conn = conn
 
     async def close(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
         async with self._lock:
+            if self._conn is not None and self._group is not None:
+                await self._group.commit(self._conn)
             if self._conn is not None:
                 await self._conn.close()
                 self._conn = None
@@ -151,19 +261,47 @@ class SQLiteStore(Store):
             await self.open()
         # Deliveries of this process take turns on one connection. The wait is bounded like
         # SQLite's own busy timeout is across processes: past it, the answer is 503.
+        self._waiting += 1
         try:
             async with asyncio.timeout(self._busy_timeout):
                 await self._lock.acquire()
         except TimeoutError:
+            self._waiting -= 1
             raise StoreUnavailable(
                 f"SQLite busy: another delivery of this process held the database for over "
                 f"{self._busy_timeout:g} s (busy_timeout)"
             ) from None
+        self._waiting -= 1
+        lent: SQLiteConnection | None = None
         try:
             assert self._conn is not None
-            yield SQLiteConnection(self._conn)
+            lent = SQLiteConnection(self._conn, self._group)
+            yield lent
         finally:
-            self._lock.release()
+            try:
+                if self._group is not None and self._group.due(self._waiting):
+                    await self._group.commit(self._conn)  # type: ignore[arg-type]
+            finally:
+                self._lock.release()
+                if self._group is not None and self._group.open and self._flusher is None:
+                    # Left open for the deliveries waiting to join it; should none of them
+                    # commit it (they gave up waiting), this does, soon.
+                    self._flusher = asyncio.get_running_loop().create_task(self._commit_soon())
+        if lent is not None and lent.pending is not None:
+            # Durable only once the group commits (perhaps by the next holder of the lock).
+            await lent.pending
+
+    async def _commit_soon(self) -> None:
+        assert self._group is not None
+        try:
+            await asyncio.sleep(self._group.max_age)
+            async with self._lock:
+                if self._conn is not None:
+                    # A failed COMMIT reaches its members (503); nothing else to do here.
+                    with contextlib.suppress(Exception):
+                        await self._group.commit(self._conn)
+        finally:
+            self._flusher = None
 
     async def migrate(self) -> None:
         # open() already creates the schema: an embedded store must work with no set-up step.
