@@ -197,6 +197,8 @@ class Pipeline:
         self._running: dict[Key, _Running] = {}
         #: Queued deliveries' micro-batcher (receiver/_ingest.py).
         self.ingest = Ingest(store)
+        #: Completions of queued receipts, batched where the store batches.
+        self._queue_done = queue.Completions(store)
         # Stores that batch (PostgreSQL) share one statement among concurrent claims, and
         # among the completions of handlers that never touched tx (receiver/_batcher.py).
         self._claims: Batcher[Claim, ledger.Claimed | Receipt | None] | None = None
@@ -387,14 +389,11 @@ class Pipeline:
         self, job: _Job, fence: int, stored: StoredResponse, state: State = State.COMPLETED
     ) -> None:
         """:meth:`_complete`, or for a queued receipt the queue's completion (which keeps the
-        stored 202), on a connection of its own."""
+        stored 202), batched like :meth:`_complete` where the store batches."""
         if job.queued is None:
             await self._complete(job.claim.key, fence, stored, state)
             return
-        async with self.store.acquire() as conn:
-            await queue.complete(
-                conn, job.claim.key, fence, state, self.store.now(), job.queued.window
-            )
+        await self._queue_done.complete(job.claim.key, fence, state, job.queued.window)
 
     async def _give_back(self, job: _Job, fence: int, exc: Exception) -> Reply:
         """After a failure: released for the sender's retry (inline), or scheduled for the

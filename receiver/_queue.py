@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ._backoff import Backoff
+from ._batcher import Batcher
 from ._exceptions import LeaseLost
 from ._ledger import Claim, Key, State, StoredResponse
-from ._store import Connection, Row
+from ._store import Connection, Row, Store
 
 #: The sender's answer to a queued delivery, stored at ingest and replayed byte for byte.
 QUEUED = StoredResponse(202, "application/json", b'{"status":"queued"}')
@@ -167,3 +168,69 @@ async def release(conn: Connection, key: Key, fence: int, now: float | None) -> 
     again now, not counted as a failed attempt. False if the fence is stale."""
     row = await conn.run("queue_release", key.provider, key.webhook_id, fence, now)
     return row is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """One fenced completion of a queued receipt, for :func:`complete_many`."""
+
+    key: Key
+    fence: int
+    state: State
+    window: float
+
+
+async def complete_many(conn: Connection, items: Sequence[Done], now: float | None) -> list[bool]:
+    """Finish many queued receipts in one statement (SQLite: one transaction); per item, False
+    if its fence was stale."""
+    if conn.dialect != "postgresql":
+        results: list[bool] = []
+        async with conn.transaction():
+            for d in items:
+                row = await conn.run(
+                    "queue_complete",
+                    d.key.provider,
+                    d.key.webhook_id,
+                    d.fence,
+                    d.state.value,
+                    now,
+                    d.window,
+                )
+                results.append(row is not None)
+        return results
+    rows = await conn.run_all(
+        "queue_complete_many",
+        now,
+        [d.key.provider for d in items],
+        [d.key.webhook_id for d in items],
+        [d.fence for d in items],
+        [d.state.value for d in items],
+        [d.window for d in items],
+    )
+    done = {(r["provider"], r["webhook_id"], r["fence"]) for r in rows}
+    return [(d.key.provider, d.key.webhook_id, d.fence) in done for d in items]
+
+
+class Completions:
+    """The completions of queued receipts whose handlers never touched ``tx``: one statement
+    each, or, where the store batches (receiver/_batcher.py), one place in a shared statement,
+    as the inline path's completions are."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._batcher: Batcher[Done, bool] | None = None
+        if store.batch_flushes:
+            self._batcher = Batcher(self._flush, max_in_flight=store.batch_flushes)
+
+    async def complete(self, key: Key, fence: int, state: State, window: float) -> None:
+        """LeaseLost if ``fence`` is stale (a newer attempt owns the receipt)."""
+        if self._batcher is None:
+            async with self.store.acquire() as conn:
+                await complete(conn, key, fence, state, self.store.now(), window)
+            return
+        if not await self._batcher.submit(Done(key, fence, state, window)):
+            raise LeaseLost(f"fence {fence} of {key.provider}/{key.webhook_id} is stale")
+
+    async def _flush(self, items: Sequence[Done]) -> Sequence[bool | BaseException]:
+        async with self.store.acquire() as conn:
+            return await complete_many(conn, items, self.store.now())

@@ -475,3 +475,21 @@ CROSS JOIN t
 WHERE r.provider = i.provider AND r.webhook_id = i.webhook_id AND r.fence = i.fence
   AND r.state = 'in_flight'
 RETURNING r.provider, r.webhook_id, r.fence;
+
+-- name: queue_complete_many
+-- Many queued completions in one statement (handlers that never touched tx; the micro-batcher):
+-- $1 the time, then one array per column. The keys that come back were finished; a missing one
+-- had a stale fence. The stored answer (the 202) stays, as in queue_complete.
+WITH t AS (SELECT COALESCE(to_timestamp($1::float8), statement_timestamp()) AS now)
+UPDATE receiver_receipts r
+SET state = i.state,
+    completed_at = t.now,
+    lease_until = t.now,
+    expires_at = t.now + i.win * interval '1 second',
+    request_body = CASE WHEN i.state = 'completed' THEN NULL ELSE r.request_body END
+FROM unnest($2::text[], $3::text[], $4::int8[], $5::text[], $6::float8[])
+        AS i(provider, webhook_id, fence, state, win)
+CROSS JOIN t
+WHERE r.provider = i.provider AND r.webhook_id = i.webhook_id AND r.fence = i.fence
+  AND r.state = 'in_flight' AND r.due_at IS NOT NULL
+RETURNING r.provider, r.webhook_id, r.fence;
