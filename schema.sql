@@ -1,4 +1,7 @@
--- receiver: PostgreSQL schema of the receipt ledger. Applied by `receiver migrate` (idempotent).
+-- receiver: PostgreSQL schema of the receipt ledger, as the migrations in
+-- receiver/sql/migrations/postgresql/ leave it when applied in order (a test checks that the two
+-- agree). Read it to know the tables; create and upgrade them with `receiver migrate`, which
+-- applies the numbered migrations a database lacks and records them in receiver_migrations.
 --
 -- One row per (provider, webhook_id). The primary key is the arbiter of "exactly once": a claim
 -- is one INSERT ... ON CONFLICT DO NOTHING, never a check followed by an insert. The SQL is kept
@@ -23,15 +26,16 @@ CREATE TABLE IF NOT EXISTS receiver_receipts (
     response_status       integer,
     response_content_type text,
     response_body         bytea,
-    -- the handler's other response headers, a JSON list of [name, value] pairs
-    response_headers      bytea,
     -- the verified request body, kept until completion so failed or stuck deliveries can be
     -- recovered, inspected and replayed
     request_body          bytea,
     attempts              integer     NOT NULL DEFAULT 0,
     last_error            text,
-    -- queued mode: when a worker may next take the receipt (NULL for inline deliveries; kept
-    -- after completion, it marks the receipt as queued)
+    -- the handler's other response headers, a JSON list of [name, value] pairs (0002: added
+    -- columns come last)
+    response_headers      bytea,
+    -- queued mode (0004): when a worker may next take the receipt; NULL for inline deliveries,
+    -- kept after completion (it marks the receipt as a queued one)
     due_at                timestamptz,
     PRIMARY KEY (provider, webhook_id)
 );
@@ -46,9 +50,9 @@ CREATE INDEX IF NOT EXISTS receiver_receipts_in_flight
 CREATE INDEX IF NOT EXISTS receiver_receipts_due
     ON receiver_receipts (due_at) WHERE state = 'queued';
 
--- Queued mode: the workers' fetch reads only due rows, oldest first, however large the table.
-CREATE INDEX IF NOT EXISTS receiver_receipts_due
-    ON receiver_receipts (due_at) WHERE state = 'queued';
+-- The metrics' per-state counts read released and failed receipts here, never the whole table.
+CREATE INDEX IF NOT EXISTS receiver_receipts_released_failed
+    ON receiver_receipts (provider, state, webhook_id) WHERE state IN ('released', 'failed');
 
 -- Key drift (the metrics): is this payload already here under another webhook-id?
 CREATE INDEX IF NOT EXISTS receiver_receipts_payload_hash

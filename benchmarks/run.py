@@ -601,12 +601,26 @@ def soak(bench: Bench) -> dict[str, Any]:
         f"the end; peak {result['peak_rss_mib']} MiB; checks "
         f"{'FAILED' if verdict.failures else 'ok'}"
     )
+    # Throughput per chunk (a minute each by default): a plan that degrades as the ledger grows
+    # shows up as a slope here, long before any single figure looks wrong.
+    rates = [c["rps"] for c in chunks]
+    result["rps_per_chunk"] = rates
+    _say("  soak throughput per chunk: " + ", ".join(f"{r:,.0f}" for r in rates) + " req/s")
+    if len(rates) >= 2 and rates[-1] < SOAK_DECAY * rates[0]:
+        verdict.failures.append(
+            f"throughput decayed: the last chunk ran at {rates[-1]:,.0f} req/s, more than "
+            f"{1 - SOAK_DECAY:.0%} below the first ({rates[0]:,.0f} req/s)"
+        )
     for line in verdict.failures:
         _say(f"    FAILURE: {line}")
         bench.failures.append(f"soak: {line}")
     for line in verdict.warnings:
         _say(f"    warning: {line}")
     return result
+
+
+# The soak fails when its last chunk is this much slower than its first.
+SOAK_DECAY = 0.8
 
 
 def profile_scenario(bench: Bench, scenario: Scenario, store: str, native: bool) -> None:

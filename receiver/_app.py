@@ -26,6 +26,7 @@ from ._handlers import Effects, Handler, HandlerFunc, Mode, ReconcileFunc, Regis
 from ._health import observability_routes, reserved_names
 from ._logging import get_logger
 from ._metrics import Metrics
+from ._migrations import check_current
 from ._pipeline import Pipeline, Reply
 from ._providers import Provider
 from ._replay import replay
@@ -237,6 +238,8 @@ class Receiver:
 
     async def open(self) -> None:
         await self.store.open()
+        # Never serve on an older schema: fail here, naming the missing migrations.
+        await check_current(self.store)
         if self._startup:
             async with self.store.acquire() as conn:
                 for hook in self._startup:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import importlib
 import logging.config
@@ -15,9 +16,10 @@ import os
 import signal
 import sqlite3
 import sys
+import tempfile
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 import asyncpg
@@ -73,9 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "log-level", "uvicorn log level", "info")
     _add(serve, "log-format", "json (one object per line) or text", "json", choices=FORMATS)
 
-    migrate = sub.add_parser("migrate", help="create the ledger's tables (idempotent)")
+    migrate = sub.add_parser(
+        "migrate", help="apply the schema migrations the store lacks (idempotent)"
+    )
     _add(migrate, "config", "take the store from this config file")
     _add(migrate, "store", STORE_HELP)
+    migrate.add_argument(
+        "--check",
+        action="store_true",
+        help="change nothing; exit 1 listing the missing migrations if the store is behind",
+    )
 
     sweep = sub.add_parser("sweep", help="one sweeper pass: recover stale claims, delete expired")
     _add(
@@ -172,8 +181,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     if args.config:
         _config_receiver(args)  # report configuration errors before uvicorn starts
         # Each worker process builds its own Receiver from the file (receiver/_config.py).
@@ -198,6 +205,33 @@ def serve(args: argparse.Namespace) -> int:
         # Import once here so configuration errors are reported before uvicorn starts.
         _load_app(args.app)
         app, factory = args.app, False
+    with _worker_metrics(args.workers):
+        _run_uvicorn(args, app, factory)
+    return 0
+
+
+@contextlib.contextmanager
+def _worker_metrics(workers: int) -> Iterator[None]:
+    """With several workers, each is a process with its own metrics, and a scrape of /metrics
+    reaches one of them. prometheus-client's multiprocess mode sums them: each worker writes
+    its counters to files in PROMETHEUS_MULTIPROC_DIR (read when the worker imports
+    prometheus-client, so set here, before uvicorn starts them), and the scrape reads them all.
+    A directory the operator set is used as it is; otherwise a fresh one, removed at exit (a
+    stale one would add the counters of a previous run)."""
+    if workers <= 1 or os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="receiver-metrics-") as directory:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+        try:
+            yield
+        finally:
+            del os.environ["PROMETHEUS_MULTIPROC_DIR"]
+
+
+def _run_uvicorn(args: argparse.Namespace, app: str, factory: bool) -> None:
+    import uvicorn
+
     uvicorn.run(
         app,
         host=args.host,
@@ -216,7 +250,6 @@ def serve(args: argparse.Namespace) -> int:
         # One structured line per delivery comes from the receiver itself.
         access_log=False,
     )
-    return 0
 
 
 def _check_store_applies(args: argparse.Namespace) -> None:
@@ -537,14 +570,30 @@ def ttl_command(args: argparse.Namespace) -> int:
 
 
 def migrate(args: argparse.Namespace) -> int:
-    async def run() -> None:
-        url = args.store or (load_config(args.config).store if args.config else DEFAULT_STORE)
-        async with store_from_url(url) as store:
-            await store.migrate()
-            print(f"schema ready in {store.url}")
+    url = args.store or (load_config(args.config).store if args.config else DEFAULT_STORE)
+    store = store_from_url(url)
+    if isinstance(store, SQLiteStore):
+        store.auto_migrate = False  # this command applies (or checks) them itself
 
-    asyncio.run(run())
-    return 0
+    async def run() -> int:
+        async with store:
+            if args.check:
+                missing = await store.missing_migrations()
+                if missing:
+                    print(
+                        f"receiver: the schema in {store.url} is behind: missing "
+                        f"{', '.join(missing)} (run `receiver migrate`)",
+                        file=sys.stderr,
+                    )
+                    return 1
+                print(f"schema up to date in {store.url}")
+                return 0
+            for name in await store.migrate():
+                print(f"applied {name}")
+            print(f"schema ready in {store.url}")
+            return 0
+
+    return asyncio.run(run())
 
 
 def send(args: argparse.Namespace) -> int:

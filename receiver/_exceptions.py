@@ -2,6 +2,7 @@
 
     ReceiverError
      +-- ConfigurationError        bad settings, raised at start-up or registration
+     |    +-- SchemaOutdated       the database lacks migrations: run `receiver migrate`
      +-- VerificationError         a delivery failed a check before touching the store (401)
      |    +-- MalformedRequest     its headers are structurally broken (400)
      +-- StoreError                the ledger could not do what was asked
@@ -24,6 +25,10 @@ class ReceiverError(Exception):
 
 class ConfigurationError(ReceiverError):
     """The receiver is configured in a way that cannot work."""
+
+
+class SchemaOutdated(ConfigurationError):
+    """The ledger's schema is older than this version of receiver: run `receiver migrate`."""
 
 
 class VerificationError(ReceiverError):

@@ -9,12 +9,14 @@ anything from a payload is never a label: those are unbounded and chosen by the 
 The gauges that describe the ledger (receipts per state, age of the oldest in-flight receipt)
 are read from the store: the oldest in-flight age on every scrape (it reads only in-flight rows,
 through the partial index), the per-state counts at most every ``count_interval`` seconds and
-after every sweeper pass (a count of the whole table is not free on a big one).
+after every sweeper pass, at a cost that does not grow with the table (receiver/_receipt_counts.py:
+exact for the small states, an estimate of the completed ones on a large PostgreSQL table).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -22,6 +24,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ._logging import get_logger
+from ._receipt_counts import EXACT_BELOW, count_receipts
 from ._store import Store
 
 logger = get_logger("receiver.metrics")
@@ -136,7 +139,8 @@ class _LedgerGauges(Collector):
         if self.counts is not None:
             receipts = GaugeMetricFamily(
                 "receiver_receipts",
-                "Receipts stored in the ledger, per state (read from the store).",
+                "Receipts stored in the ledger, per state (read from the store; on a large "
+                "PostgreSQL table the completed count is an estimate from its statistics).",
                 labels=["provider", "state"],
             )
             counts = dict.fromkeys(((p, s) for p in self.providers for s in STATES), 0)
@@ -179,6 +183,22 @@ class _LedgerGauges(Collector):
         yield age
 
 
+def _exposition(registry: CollectorRegistry, ledger: _LedgerGauges) -> CollectorRegistry:
+    """What GET /metrics serves. Under ``receiver serve --workers N`` each worker is a process
+    with its own counters, and a scrape reaches one of them: prometheus-client's multiprocess
+    mode (PROMETHEUS_MULTIPROC_DIR, set by ``serve`` for its workers) keeps every worker's
+    counters in files there, and the scrape sums them. The ledger's gauges are read from the
+    shared store, the same from any worker, so they are served as they are."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return registry
+    from prometheus_client import multiprocess
+
+    combined = CollectorRegistry()
+    multiprocess.MultiProcessCollector(combined)  # type: ignore[no-untyped-call]
+    combined.register(ledger)
+    return combined
+
+
 class Metrics:
     """The Prometheus instruments of one Receiver (``rx.metrics``)."""
 
@@ -188,11 +208,15 @@ class Metrics:
         *,
         count_interval: float = 60.0,
         refresh_timeout: float = 2.0,
+        exact_count_below: int = EXACT_BELOW,
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         #: Seconds between two counts of receipts per state on scrape (0: every scrape).
         self.count_interval = count_interval
         self.refresh_timeout = refresh_timeout
+        #: Receipts are counted exactly below this many; above, completed ones are estimated
+        #: (receiver/_receipt_counts.py).
+        self.exact_count_below = exact_count_below
         self._counted_at: float | None = None
         r = self.registry
         self.deliveries = Counter(
@@ -267,6 +291,7 @@ class Metrics:
         )
         self._ledger = _LedgerGauges()
         r.register(self._ledger)
+        self._exposition = _exposition(self.registry, self._ledger)
 
     def add_provider(self, provider: str) -> None:
         """Create the provider's series at 0, so that the first event is an increase."""
@@ -372,12 +397,11 @@ class Metrics:
             if rows:
                 self._ledger.queue_now = float(rows[0]["now"])
             if counts:
-                rows = await conn.run_all("count_by_provider_state")
-                self._ledger.counts = {(r["provider"], r["state"]): int(r["n"]) for r in rows}
+                self._ledger.counts = await count_receipts(conn, self.exact_count_below)
                 self._counted_at = now
         self._ledger.oldest, self._ledger.now = oldest, now
 
     async def render(self, store: Store, now: float) -> bytes:
         """The exposition text, after refreshing the ledger's gauges."""
         await self.refresh(store, now)
-        return generate_latest(self.registry)
+        return generate_latest(self._exposition)

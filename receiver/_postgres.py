@@ -11,8 +11,7 @@ from typing import Any
 import asyncpg
 
 from ._exceptions import StoreUnavailable
-from ._queries import schema
-from ._store import Connection, Row, Store, split_statements
+from ._store import Connection, Row, Store
 
 # SQLSTATE classes that mean "the database is not there right now", not "your query is wrong":
 # 08 connection exception, 53 insufficient resources, 57P operator intervention (shutdown,
@@ -222,10 +221,3 @@ class PostgresStore(Store):
             raise ConfigurationError("a store on a shared pool cannot open connections of its own")
         with _translated():
             return await asyncpg.connect(self._dsn, timeout=self._connect_timeout)
-
-    async def migrate(self) -> None:
-        async with self.acquire() as conn, conn.transaction():
-            # Serialise concurrent migrations (several replicas starting at once).
-            await conn.execute("SELECT pg_advisory_xact_lock(7241901)")
-            for statement in split_statements(schema("postgresql")):
-                await conn.execute(statement)

@@ -2,7 +2,9 @@
 
 Each ``queries.<dialect>.sql`` file is a list of blocks that start with ``-- name: NAME``. Both
 dialects define the same names with the same positional parameters, which is what lets
-:mod:`receiver._ledger` be written once for every store.
+:mod:`receiver._ledger` be written once for every store. ``migrate.<dialect>.sql`` holds the
+migration runner's own statements the same way; the schema itself is the numbered files of
+``sql/migrations/<dialect>/`` (receiver/_migrations.py).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 DIALECTS = ("postgresql", "sqlite")
 
@@ -40,6 +42,13 @@ def queries(dialect: str) -> Mapping[str, str]:
 
 
 @functools.cache
-def schema(dialect: str) -> str:
-    """The schema of one dialect, as a script of idempotent statements."""
-    return _read(f"schema.{dialect}.sql")
+def runner_queries(dialect: str) -> Mapping[str, str]:
+    """The migration runner's named statements of one dialect."""
+    return parse(_read(f"migrate.{dialect}.sql"))
+
+
+def split_statements(script: str) -> Sequence[str]:
+    """Split a migration script into statements (migrations put no ';' inside literals or
+    bodies, and no statement inside a comment)."""
+    lines = [line for line in script.splitlines() if not line.lstrip().startswith("--")]
+    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]

@@ -20,8 +20,8 @@ from typing import Any
 import aiosqlite
 
 from ._exceptions import StoreUnavailable
-from ._queries import schema
-from ._store import Connection, Row, Store, split_statements
+from ._migrations import apply_if_missing
+from ._store import Connection, Row, Store
 
 # "$1" -> "?1": handlers write PostgreSQL-style placeholders on every store.
 _PLACEHOLDER = re.compile(r"\$(\d+)")
@@ -192,7 +192,12 @@ class SQLiteConnection(Connection):
 
 class SQLiteStore(Store):
     """Receipts in a SQLite file (WAL mode). ``busy_timeout`` bounds how long a delivery waits
-    for another process's write before answering 503."""
+    for another process's write before answering 503.
+
+    An embedded store must work with no set-up step, so opening it applies the schema
+    migrations it lacks (one process at a time, under ``BEGIN IMMEDIATE``). With
+    ``auto_migrate=False`` it does not: ``receiver migrate`` (or :meth:`migrate`) does, and a
+    Receiver refuses to start on an older schema, as on PostgreSQL."""
 
     dialect = "sqlite"
 
@@ -203,7 +208,9 @@ class SQLiteStore(Store):
         busy_timeout: float = 5.0,
         clock: Callable[[], float] | None = None,
         group_commit: bool = True,
+        auto_migrate: bool = True,
     ) -> None:
+        self.auto_migrate = auto_migrate
         self.clock = clock
         # Group commit: concurrent claims, and the completions of handlers that never touched
         # tx, share one transaction and one COMMIT (one fsync under synchronous=FULL).
@@ -239,8 +246,8 @@ class SQLiteStore(Store):
                 # FULL: a receipt acknowledged with a 2xx must survive power loss, not only a
                 # crash of this process.
                 await conn.execute("PRAGMA synchronous = FULL")
-                for statement in split_statements(schema("sqlite")):
-                    await conn.execute(statement)
+                if self.auto_migrate:
+                    await apply_if_missing(SQLiteConnection(conn))
             self._conn = conn
 
     async def close(self) -> None:
@@ -302,7 +309,3 @@ class SQLiteStore(Store):
                         await self._group.commit(self._conn)
         finally:
             self._flusher = None
-
-    async def migrate(self) -> None:
-        # open() already creates the schema: an embedded store must work with no set-up step.
-        await self.open()

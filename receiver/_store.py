@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, ClassVar
 
@@ -231,9 +231,19 @@ class Store(abc.ABC):
         can be exhausted by such holders lend one from outside the pool."""
         return self.acquire()
 
-    @abc.abstractmethod
-    async def migrate(self) -> None:
-        """Create the ledger's tables if they do not exist (idempotent)."""
+    async def migrate(self) -> list[str]:
+        """Apply the schema migrations this database lacks, in order, once each, and return
+        their names. Safe to run from several replicas at once (receiver/_migrations.py)."""
+        from ._migrations import apply
+
+        async with self.acquire() as conn:
+            return await apply(conn)
+
+    async def missing_migrations(self) -> list[str]:
+        """The names of the schema migrations this database lacks (empty when it is current)."""
+        from ._migrations import missing
+
+        return await missing(self)
 
     @property
     @abc.abstractmethod
@@ -246,9 +256,3 @@ class Store(abc.ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-def split_statements(script: str) -> Sequence[str]:
-    """Split a schema script into statements (the schemas contain no ';' inside literals)."""
-    lines = [line for line in script.splitlines() if not line.lstrip().startswith("--")]
-    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]

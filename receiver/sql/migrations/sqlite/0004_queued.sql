@@ -39,6 +39,4 @@ CREATE INDEX IF NOT EXISTS receiver_receipts_in_flight
 CREATE INDEX IF NOT EXISTS receiver_receipts_payload_hash
     ON receiver_receipts (payload_hash, provider);
 CREATE INDEX IF NOT EXISTS receiver_receipts_released_failed
-    ON receiver_receipts (provider, state) WHERE state IN ('released', 'failed');
-CREATE INDEX IF NOT EXISTS receiver_receipts_due
-    ON receiver_receipts (due_at) WHERE state = 'queued';
+    ON receiver_receipts (provider, state, webhook_id) WHERE state IN ('released', 'failed');

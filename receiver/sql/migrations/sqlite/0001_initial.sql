@@ -7,7 +7,7 @@ CREATE TABLE IF NOT EXISTS receiver_receipts (
     webhook_id            TEXT    NOT NULL,
     payload_hash          BLOB    NOT NULL,
     state                 TEXT    NOT NULL
-        CHECK (state IN ('in_flight', 'completed', 'failed', 'released', 'queued')),
+        CHECK (state IN ('in_flight', 'completed', 'failed', 'released')),
     fence                 INTEGER NOT NULL DEFAULT 1,
     event_type            TEXT,
     claimed_at            REAL    NOT NULL,
@@ -17,11 +17,9 @@ CREATE TABLE IF NOT EXISTS receiver_receipts (
     response_status       INTEGER,
     response_content_type TEXT,
     response_body         BLOB,
-    response_headers      BLOB,
     request_body          BLOB,
     attempts              INTEGER NOT NULL DEFAULT 0,
     last_error            TEXT,
-    due_at                REAL,
     PRIMARY KEY (provider, webhook_id)
 ) WITHOUT ROWID;
 
@@ -30,10 +28,6 @@ CREATE INDEX IF NOT EXISTS receiver_receipts_expires_at
 
 CREATE INDEX IF NOT EXISTS receiver_receipts_in_flight
     ON receiver_receipts (lease_until) WHERE state = 'in_flight';
-
--- Queued mode: the workers' fetch reads only due rows, oldest first, however large the table.
-CREATE INDEX IF NOT EXISTS receiver_receipts_due
-    ON receiver_receipts (due_at) WHERE state = 'queued';
 
 -- Key drift (the metrics): is this payload already here under another webhook-id?
 CREATE INDEX IF NOT EXISTS receiver_receipts_payload_hash
