@@ -270,7 +270,10 @@ class Pipeline:
         key = job.claim.key
         if job.drift:
             self.metrics.drifted(key.provider, key.webhook_id)
-        elif job.drift is None and reply.fence == 1 and reply.outcome in _FRESH:
+        elif job.drift is None and (
+            (reply.fence == 1 and reply.outcome in _FRESH)
+            or (reply.fence == 0 and reply.outcome is Outcome.QUEUED)  # a fresh queued receipt
+        ):
             reply.response.background = BackgroundTask(
                 self.metrics.check_drift,
                 self.store,

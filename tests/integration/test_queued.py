@@ -271,3 +271,14 @@ async def test_in_process_workers_run_in_the_app_s_lifespan(store: Store) -> Non
         assert ran == ["in-app"]
     assert rx._worker is None  # stopped with the app
     assert (await receipt(store, "in-app")).state is State.COMPLETED
+
+
+async def test_key_drift_is_counted_for_queued_deliveries(store: Store) -> None:
+    clock = Clock()
+    rx, _ = queued_receiver(store, clock)
+    assert rx.metrics is not None
+    async with rx:
+        body = body_of(order=7)
+        assert (await deliver(rx, "first-id", body, clock)).status_code == 202
+        assert (await deliver(rx, "regenerated-id", body, clock)).status_code == 202
+    assert rx.metrics.key_drift.labels(PROVIDER)._value.get() == 1
