@@ -14,7 +14,7 @@ CREATE TABLE IF NOT EXISTS receiver_receipts (
     -- sha256 of the normalized payload (sorted keys, no insignificant whitespace)
     payload_hash          bytea       NOT NULL,
     state                 text        NOT NULL
-        CHECK (state IN ('in_flight', 'completed', 'failed', 'released')),
+        CHECK (state IN ('in_flight', 'completed', 'failed', 'released', 'queued')),
     -- grows on every claim of the key; completion and release are conditioned on it
     fence                 bigint      NOT NULL DEFAULT 1,
     event_type            text,
@@ -34,6 +34,9 @@ CREATE TABLE IF NOT EXISTS receiver_receipts (
     -- the handler's other response headers, a JSON list of [name, value] pairs (0002: added
     -- columns come last)
     response_headers      bytea,
+    -- queued mode (0004): when a worker may next take the receipt; NULL for inline deliveries,
+    -- kept after completion (it marks the receipt as a queued one)
+    due_at                timestamptz,
     PRIMARY KEY (provider, webhook_id)
 );
 
@@ -42,6 +45,10 @@ CREATE INDEX IF NOT EXISTS receiver_receipts_expires_at
 
 CREATE INDEX IF NOT EXISTS receiver_receipts_in_flight
     ON receiver_receipts (lease_until) WHERE state = 'in_flight';
+
+-- Queued mode: the workers' fetch reads only due rows, oldest first, however large the table.
+CREATE INDEX IF NOT EXISTS receiver_receipts_due
+    ON receiver_receipts (due_at) WHERE state = 'queued';
 
 -- The metrics' per-state counts read released and failed receipts here, never the whole table.
 CREATE INDEX IF NOT EXISTS receiver_receipts_released_failed

@@ -5,6 +5,7 @@ runner through the environment:
     BENCH_SECRET       the provider's whsec_ secret
     BENCH_HANDLER      "noop" (default) or "insert" (one business row through tx)
     BENCH_INVOCATIONS  directory where each process appends one line per handler invocation
+    BENCH_MODE         "inline" (default) or "queued" (answer 202, handlers on `receiver worker`)
     BENCH_LOG          optional file for the receiver's log at INFO (one JSON line per delivery);
                        without it the receiver's INFO lines are disabled, as under uvicorn's
                        --log-level warning with no logging configuration of the application
@@ -49,11 +50,15 @@ class Invocations:
         os.write(self._fd, f"{event.id} {event.fence}\n".encode())
 
 
-def build(store: str, secret: str, handler: str, invocations: str | None) -> Receiver:
+def build(
+    store: str, secret: str, handler: str, invocations: str | None, mode: str = "inline"
+) -> Receiver:
     if handler not in ("noop", "insert"):
         raise ValueError(f"BENCH_HANDLER must be noop or insert, not {handler!r}")
+    if mode not in ("inline", "queued"):
+        raise ValueError(f"BENCH_MODE must be inline or queued, not {mode!r}")
     count = Invocations(invocations)
-    rx = Receiver(store, [Provider(PROVIDER, [secret])])
+    rx = Receiver(store, [Provider(PROVIDER, [secret], mode=mode)])  # type: ignore[arg-type]
 
     async def noop(event: Event, tx: Connection) -> Any:
         count(event)
@@ -83,4 +88,5 @@ app = build(
     os.environ["BENCH_SECRET"],
     os.environ.get("BENCH_HANDLER", "noop"),
     os.environ.get("BENCH_INVOCATIONS"),
+    os.environ.get("BENCH_MODE", "inline"),
 )

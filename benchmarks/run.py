@@ -23,7 +23,7 @@ from typing import Any
 
 from receiver import generate_secret
 
-from . import agents, checks, load, profile, report, servers, tracing, verifier
+from . import agents, checks, load, profile, queued, report, servers, tracing, verifier
 from .business import PROVIDER
 from .stores import PostgresTarget, SQLiteTarget, Target
 
@@ -81,6 +81,7 @@ class Settings:
     verifier: float = 10.0  # seconds of the verifier micro-benchmark; 0 skips it
     agents: float = 5.0  # seconds per side of the middleware/executor benchmark; 0 skips it
     tracing: int = 5  # rounds of the tracing micro-benchmark; 0 skips it
+    queued: int = 2  # rounds of the queued-mode benchmark (PostgreSQL); 0 skips it
     profile_seconds: int = 20
 
 
@@ -95,6 +96,7 @@ QUICK = Settings(
     verifier=2.0,
     tracing=1,
     agents=1.0,
+    queued=1,
 )
 
 
@@ -740,6 +742,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--verifier", type=float, help="verifier micro-benchmark seconds")
     parser.add_argument("--agents", type=float, help="middleware/executor seconds per side")
     parser.add_argument("--tracing", type=int, help="tracing micro-benchmark rounds (0 skips)")
+    parser.add_argument("--queued", type=int, help="queued-mode benchmark rounds (0 skips)")
     parser.add_argument(
         "--stores", default="postgresql,sqlite", help="comma-separated: postgresql,sqlite"
     )
@@ -795,6 +798,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             "verifier",
             "agents",
             "tracing",
+            "queued",
             "profile_seconds",
         )
         if getattr(args, name) is not None
@@ -896,6 +900,18 @@ def run(args: argparse.Namespace) -> int:
                 _say("tracing micro-benchmark...")
                 result["tracing"] = tracing.run(settings.tracing)
                 _say(tracing.describe(result["tracing"]))
+            if settings.queued and "postgresql" in stores:
+                _say("queued mode: ingest vs bare and inline, worker drain rate...")
+                result["queued"] = queued.run(
+                    args.pg_url,
+                    rounds=settings.queued,
+                    duration=settings.duration,
+                    connections=settings.connections,
+                    work=bench.path("queued"),
+                )
+                _say(queued.describe(result["queued"]))
+                if not result["queued"]["ok"]:
+                    bench.failures.append("queued: " + queued.describe(result["queued"]))
             if settings.soak:
                 _say(f"soak: {settings.soak} s on {settings.soak_store}...")
                 result["soak"] = soak(bench)

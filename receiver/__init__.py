@@ -3,6 +3,7 @@
 from ._actions import Action, ActionResult, Actions, Tool, ToolCall, action_key
 from ._agent_metrics import ActionMetrics
 from ._app import Receiver
+from ._backoff import Backoff
 from ._config import load_config
 from ._config_model import Config, ProviderConfig
 from ._events import Event
@@ -55,6 +56,7 @@ from ._verification import (
     generate_secret,
     sign,
 )
+from ._worker import Worker
 
 __version__ = "0.1.0"
 
@@ -69,6 +71,7 @@ __all__ = [
     "ActionNeedsReview",
     "ActionResult",
     "Actions",
+    "Backoff",
     "Config",
     "ConfigurationError",
     "Connection",
@@ -111,6 +114,7 @@ __all__ = [
     "VerificationError",
     "VerifiedDelivery",
     "Verifier",
+    "Worker",
     "action_key",
     "dedup_window",
     "exponential",

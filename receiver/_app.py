@@ -22,7 +22,7 @@ from ._cache import ReplayCache
 from ._events import Event
 from ._exceptions import ConfigurationError
 from ._forwarded import TrustedProxies
-from ._handlers import Effects, Handler, HandlerFunc, ReconcileFunc, Registry
+from ._handlers import Effects, Handler, HandlerFunc, Mode, ReconcileFunc, Registry
 from ._health import check_ready, observability_routes, reserved_names
 from ._logging import get_logger
 from ._metrics import Metrics
@@ -35,6 +35,7 @@ from ._store import Connection, Store
 from ._store_url import store_from_url
 from ._sweeper import Recoverer, SweepReport, sweep, sweep_forever
 from ._tracing import Tracing
+from ._worker import Worker
 
 F = TypeVar("F", bound=HandlerFunc)
 StartupHook = Callable[[Connection], Awaitable[None]]
@@ -92,6 +93,7 @@ class Receiver:
         health: bool = True,
         replay_cache: int = 10_000,
         tracer_provider: TracerProvider | None = None,
+        workers: int = 0,
     ) -> None:
         self.store: Store = store_from_url(store) if isinstance(store, str) else store
         if max_body_size <= 0:
@@ -135,6 +137,13 @@ class Receiver:
         # OpenTelemetry spans (receiver/_tracing.py): the global provider unless one is given;
         # a no-op until an SDK is configured.
         self.tracing = Tracing(tracer_provider)
+        # Queued mode: ``workers`` in-process worker slots run queued deliveries in the app's
+        # lifespan (small deployments); 0 leaves them to ``receiver worker`` processes.
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+            raise ConfigurationError(f"workers must be an integer >= 0, not {workers!r}")
+        self.workers = workers
+        self._worker: Worker | None = None
+        self._worker_task: asyncio.Task[None] | None = None
         self._app = Starlette(
             # Every method (Starlette's default for a function is GET only): an unknown provider
             # is 404 whatever the method; _endpoint answers 405 to a known provider's others.
@@ -167,6 +176,7 @@ class Receiver:
         effects: Effects = "transactional",
         reconcile: ReconcileFunc | None = None,
         lease: float | None = None,
+        mode: Mode = "inline",
     ) -> Handler:
         """Register ``func`` for ``event_type``: an exact type, a prefix such as ``"invoice.*"``,
         or ``"*"``. Several handlers of one event run in one transaction: exact types first,
@@ -186,7 +196,13 @@ class Receiver:
                         "the provider's ttl"
                     )
         return self.registry.add(
-            event_type, func, provider=provider, effects=effects, reconcile=reconcile, lease=lease
+            event_type,
+            func,
+            provider=provider,
+            effects=effects,
+            reconcile=reconcile,
+            lease=lease,
+            mode=mode,
         )
 
     def on(
@@ -197,6 +213,7 @@ class Receiver:
         effects: Effects = "transactional",
         reconcile: ReconcileFunc | None = None,
         lease: float | None = None,
+        mode: Mode = "inline",
     ) -> Callable[[F], F]:
         """Decorator form of :meth:`add_handler`."""
 
@@ -208,6 +225,7 @@ class Receiver:
                 effects=effects,
                 reconcile=reconcile,
                 lease=lease,
+                mode=mode,
             )
             return func
 
@@ -255,14 +273,34 @@ class Receiver:
                 self._sweeper = asyncio.create_task(
                     sweep_forever(self.sweep, self.sweep_interval), name="receiver-sweeper"
                 )
+            if self.workers:
+                self._start_workers()
             try:
                 yield
             finally:
+                await self._stop_workers()
                 if self._sweeper is not None:
                     self._sweeper.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await self._sweeper
                     self._sweeper = None
+
+    def worker(self, **options: float) -> Worker:
+        """A :class:`~receiver.Worker` for this receiver's queued deliveries (what
+        ``receiver worker`` runs); woken at once by this process's own ingest."""
+        worker = Worker(self, **options)  # type: ignore[arg-type]
+        self.pipeline.ingest.on_enqueued = worker.wake
+        return worker
+
+    def _start_workers(self) -> None:
+        self._worker = self.worker(concurrency=self.workers)
+        self._worker_task = asyncio.create_task(self._worker.run(), name="receiver-worker")
+
+    async def _stop_workers(self) -> None:
+        if self._worker is not None and self._worker_task is not None:
+            self._worker.stop()
+            await self._worker_task
+        self._worker = self._worker_task = None
 
     async def sweep(self, *, batch: int = 100) -> SweepReport:
         """One sweeper pass: recover or fail stale in-flight receipts, delete expired ones."""

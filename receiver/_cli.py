@@ -11,7 +11,9 @@ import asyncio
 import contextlib
 import datetime as dt
 import importlib
+import logging.config
 import os
+import signal
 import sqlite3
 import sys
 import tempfile
@@ -94,6 +96,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add(sweep, "config", CONFIG_HELP)
     _add(sweep, "batch", "receipts per batch", 100, type=int)
 
+    worker = sub.add_parser(
+        "worker",
+        help="run queued deliveries (mode='queued'); any number on one PostgreSQL, one on SQLite",
+    )
+    _add(worker, "app", "the Receiver whose queued handlers to run, module:attribute", DEFAULT_APP)
+    _add(worker, "config", CONFIG_HELP)
+    _add(worker, "store", STORE_HELP)
+    _add(worker, "concurrency", "attempts run at once by this process", 16, type=int)
+    _add(worker, "poll-interval", "seconds between polls when no NOTIFY arrives", 1.0, type=float)
+    _add(worker, "grace", "on SIGTERM, seconds to let running attempts finish", 30.0, type=float)
+    _add(worker, "metrics-port", "serve Prometheus metrics on this port (0: none)", 0, type=int)
+    _add(worker, "log-level", "log level", "info")
+    _add(worker, "log-format", "json (one object per line) or text", "json", choices=FORMATS)
+
     inspect = sub.add_parser("inspect", help="show one receipt: state, attempts, stored answer")
     inspect.add_argument("provider")
     inspect.add_argument("webhook_id")
@@ -156,6 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "failed": failed_command,
             "replay": replay_command,
             "ttl": ttl_command,
+            "worker": worker_command,
         }[args.command]
         return command(args)
     except ReceiverError as exc:
@@ -300,6 +317,49 @@ def sweep_command(args: argparse.Namespace) -> int:
         f"skipped {report.skipped}, deleted {report.deleted} expired"
     )
     return 0
+
+
+def worker_command(args: argparse.Namespace) -> int:
+    """Run a worker until SIGTERM or SIGINT, then stop gracefully (receiver/_worker.py)."""
+    logging.config.dictConfig(logging_config(args.log_format, args.log_level))
+    if args.config:
+        rx = _config_receiver(args)
+    else:
+        _check_store_applies(args)
+        if args.store:
+            os.environ["RECEIVER_STORE"] = args.store
+        rx = _load_receiver(args.app)
+    _positive("--concurrency", args.concurrency)
+    if rx.store.dialect == "sqlite":
+        print(
+            "receiver: worker on SQLite: run a single worker process (SQLite has one writer)",
+            file=sys.stderr,
+        )
+
+    async def run() -> None:
+        worker = rx.worker(
+            concurrency=args.concurrency, poll_interval=args.poll_interval, grace=args.grace
+        )
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, worker.stop)
+        if args.metrics_port and rx.metrics is not None:
+            _serve_metrics(rx, args.metrics_port)
+        async with rx:
+            print(f"receiver: worker started on {rx.store.url}", file=sys.stderr, flush=True)
+            await worker.run()
+        print(f"receiver: worker stopped: {worker.done}", file=sys.stderr, flush=True)
+
+    asyncio.run(run())
+    return 0
+
+
+def _serve_metrics(rx: Receiver, port: int) -> None:
+    """The worker's own counters (attempts, dead letters, lag) on ``/metrics``."""
+    from prometheus_client import start_http_server
+
+    assert rx.metrics is not None
+    start_http_server(port, registry=rx.metrics.registry)
 
 
 def _when(seconds: float | None) -> str:

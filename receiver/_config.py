@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._app import DEFAULT_MAX_BODY, DEFAULT_STORE, Receiver
+from ._backoff import Backoff
 from ._config_model import Config, ProviderConfig
 from ._exceptions import ConfigurationError
 from ._forwarded import TrustedProxies
@@ -61,9 +62,23 @@ _TOP_KEYS = (
     "retry_after",
     "sweep_interval",
     "trusted_proxies",
+    "workers",
     "providers",
 )
-_PROVIDER_KEYS = ("scheme", "secrets_env", "tolerance", "schedule", "review_margin", "ttl", "lease")
+_PROVIDER_KEYS = (
+    "scheme",
+    "secrets_env",
+    "tolerance",
+    "schedule",
+    "review_margin",
+    "ttl",
+    "lease",
+    # Queued mode (README "Queued mode"): "inline" or "queued", and the workers' retries.
+    "mode",
+    "retry_attempts",
+    "retry_base",
+    "retry_cap",
+)
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HANDLER = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*(?::[A-Za-z_]\w*)?")
@@ -153,6 +168,13 @@ class _Parser:
             TrustedProxies(proxies)
         except ConfigurationError as exc:
             raise self.error(("trusted_proxies",), str(exc)) from exc
+        workers = doc.get("workers", 0)
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+            raise self.error(
+                ("workers",),
+                "expected a number of in-process worker slots for queued deliveries (0: none, "
+                f"run `receiver worker` instead), got {show(workers)}",
+            )
         return Config(
             path=self.path,
             store=store,
@@ -164,6 +186,7 @@ class _Parser:
             else self.duration(("sweep_interval",), sweep, positive=True),
             providers=self.providers(doc.get("providers")),
             trusted_proxies=tuple(proxies),
+            workers=workers,
             _lines=self.lines,
         )
 
@@ -232,6 +255,14 @@ class _Parser:
         except ConfigurationError as exc:
             message = str(exc).removeprefix(f"provider {name!r}: ")
             raise self.error((*key, "review_margin" if ttl is None else "ttl"), message) from exc
+        mode = table.get("mode", "inline")
+        if mode not in ("inline", "queued"):
+            raise self.error(
+                (*key, "mode"),
+                f'expected "inline" (handlers run while the sender waits) or "queued" '
+                f"(answered 202, handlers run on workers), got {show(mode)}",
+            )
+        retry = self.retry(key, table)
         return ProviderConfig(
             name=name,
             scheme=scheme,
@@ -241,7 +272,27 @@ class _Parser:
             ttl=ttl,
             lease=lease,
             window=window,
+            mode=mode,
+            retry=retry,
         )
+
+    def retry(self, key: Key, table: Mapping[str, Any]) -> Backoff:
+        """The queued mode's retries: ``retry_attempts``, ``retry_base``, ``retry_cap``."""
+        default = Backoff()
+        attempts = table.get("retry_attempts", default.attempts)
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            raise self.error(
+                (*key, "retry_attempts"),
+                f"expected a whole number of attempts, at least 1, got {show(attempts)}",
+            )
+        base = self.duration(
+            (*key, "retry_base"), table.get("retry_base", default.base), positive=True
+        )
+        cap = self.duration((*key, "retry_cap"), table.get("retry_cap", default.cap), positive=True)
+        try:
+            return Backoff(attempts=attempts, base=base, cap=cap)
+        except ConfigurationError as exc:
+            raise self.error((*key, "retry_cap"), str(exc)) from exc
 
     def env_names(self, key: Key, value: object, example: str) -> tuple[str, ...]:
         if not isinstance(value, list) or not value:

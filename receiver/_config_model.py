@@ -13,7 +13,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ._app import Receiver
+from ._backoff import Backoff
 from ._exceptions import ConfigurationError
+from ._handlers import Mode
 from ._providers import Provider
 from ._schedules import DedupWindow
 from ._schemes import GitHub, Shopify, Slack, Stripe, _key
@@ -39,6 +41,9 @@ class ProviderConfig:
     lease: float
     #: The schedule, span, margin and resulting dedup window (what ``receiver ttl`` prints).
     window: DedupWindow
+    #: "inline", or "queued": answered 202, handlers run on workers with these retries.
+    mode: Mode = "inline"
+    retry: Backoff = field(default_factory=Backoff)
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,8 @@ class Config:
     providers: tuple[ProviderConfig, ...]
     #: Addresses or networks of the gateways whose X-Forwarded-For is believed.
     trusted_proxies: tuple[str, ...] = ()
+    #: In-process worker slots for queued deliveries (0: run ``receiver worker`` instead).
+    workers: int = 0
     _lines: Mapping[tuple[str, ...], int] = field(default_factory=dict, repr=False, compare=False)
 
     def receiver(
@@ -73,6 +80,7 @@ class Config:
             retry_after=self.retry_after,
             sweep_interval=self.sweep_interval,
             trusted_proxies=self.trusted_proxies,
+            workers=self.workers,
         )
         for index, register in enumerate(registers):
             try:
@@ -107,6 +115,8 @@ class Config:
             review_margin=config.review_margin,
             ttl=config.ttl,
             lease=config.lease,
+            mode=config.mode,
+            retry=config.retry,
         )
 
     def _register_func(self, index: int, spec: str) -> RegisterFunc:

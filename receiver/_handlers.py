@@ -16,6 +16,8 @@ from ._store import Connection
 HandlerFunc = Callable[[Event, Connection], Awaitable[Any]]
 ReconcileFunc = Callable[[Event], Awaitable[Any]]
 Effects = Literal["transactional", "external"]
+#: ``inline``: run while the sender waits; ``queued``: answer 202 and run on a worker.
+Mode = Literal["inline", "queued"]
 
 # An exact type ("invoice.paid"), a prefix pattern ("invoice.*", or "orders/*" for Shopify's
 # topics) or everything ("*").
@@ -38,6 +40,7 @@ class Handler:
     effects: Effects = "transactional"
     reconcile: ReconcileFunc | None = None
     lease: float | None = None
+    mode: Mode = "inline"
 
     def matches(self, provider: str, event_type: str) -> bool:
         if self.provider is not None and self.provider != provider:
@@ -73,6 +76,7 @@ class Registry:
         effects: Effects = "transactional",
         reconcile: ReconcileFunc | None = None,
         lease: float | None = None,
+        mode: Mode = "inline",
     ) -> Handler:
         if not _PATTERN.match(pattern):
             raise ConfigurationError(
@@ -96,6 +100,10 @@ class Registry:
                 raise ConfigurationError(f"reconcile {_name(reconcile)} must be 'async def'")
         if lease is not None and not lease > 0:
             raise ConfigurationError(f"lease of {_name(func)} must be positive, not {lease!r}")
+        if mode not in ("inline", "queued"):
+            raise ConfigurationError(
+                f"mode of {_name(func)} must be 'inline' or 'queued', not {mode!r}"
+            )
         for existing in self._handlers:
             if (
                 existing.func is func
@@ -105,7 +113,7 @@ class Registry:
                 raise ConfigurationError(
                     f"handler {_name(func)} is already registered for {pattern!r}"
                 )
-        handler = Handler(pattern, func, provider, effects, reconcile, lease)
+        handler = Handler(pattern, func, provider, effects, reconcile, lease, mode)
         self._handlers.append(handler)
         self.match.cache_clear()
         return handler

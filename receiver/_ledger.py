@@ -23,6 +23,7 @@ class State(enum.StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     RELEASED = "released"
+    QUEUED = "queued"  # queued mode: waiting for a worker (receiver/_queue.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +139,12 @@ def decide(receipt: Receipt, payload_hash: bytes) -> Decision:
     """Judged by the ledger's clock as the row was read. A live lease wins over everything, even
     expiry: an attempt that is still running is never taken over."""
     now = receipt.now
+    if receipt.state is State.QUEUED or (
+        receipt.state is State.IN_FLIGHT and receipt.response is not None
+    ):
+        # An unfinished queued delivery (only a queued one is in flight with a stored answer):
+        # its 202 was stored at ingest and is the answer whatever the workers are doing.
+        return Decision.MISMATCH if receipt.payload_hash != payload_hash else Decision.REPLAY
     if receipt.state is State.IN_FLIGHT and receipt.lease_until > now:
         if receipt.expires_at > now and receipt.payload_hash != payload_hash:
             return Decision.MISMATCH

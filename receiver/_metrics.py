@@ -44,6 +44,19 @@ OUTCOMES = (
     "reconciled",
     "needs_review",
     "store_unavailable",
+    "queued",
+)
+
+#: The ``outcome`` label of queued attempts run by workers (receiver._pipeline.Outcome values).
+QUEUE_OUTCOMES = (
+    "executed",
+    "ignored",
+    "invalid_payload",
+    "handler_failed",
+    "dead_letter",
+    "lease_lost",
+    "reconciled",
+    "needs_review",
 )
 
 #: The ``reason`` label of rejected deliveries: the failed check, from this list or "other".
@@ -121,8 +134,12 @@ class _LedgerGauges(Collector):
         self.counts: dict[tuple[str, str], int] | None = None
         self.oldest: dict[str, float] | None = None  # provider -> claimed_at of the oldest
         self.now: float = 0.0
+        #: provider -> (due now, waiting for a retry, due_at of the oldest due), queued mode.
+        self.queue: dict[str, tuple[int, int, float | None]] | None = None
+        self.queue_now: float = 0.0
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._collect_queue()
         if self.counts is not None:
             receipts = GaugeMetricFamily(
                 "receiver_receipts",
@@ -146,6 +163,28 @@ class _LedgerGauges(Collector):
             for provider, seconds in sorted(ages.items()):
                 age.add_metric([provider], seconds)
             yield age
+
+    def _collect_queue(self) -> Iterator[Metric]:
+        if self.queue is None:
+            return
+        depth = GaugeMetricFamily(
+            "receiver_queue_depth",
+            "Queued receipts not yet processed: due now, or waiting for a retry (read from the "
+            "store).",
+            labels=["provider", "state"],
+        )
+        age = GaugeMetricFamily(
+            "receiver_queue_oldest_due_age_seconds",
+            "How long the oldest due queued receipt has waited for a worker (0 when none).",
+            labels=["provider"],
+        )
+        for provider in sorted(set(self.providers) | set(self.queue)):
+            due, waiting, oldest = self.queue.get(provider, (0, 0, None))
+            depth.add_metric([provider, "due"], due)
+            depth.add_metric([provider, "waiting"], waiting)
+            age.add_metric([provider], 0.0 if oldest is None else max(0.0, self.queue_now - oldest))
+        yield depth
+        yield age
 
 
 def _exposition(registry: CollectorRegistry, ledger: _LedgerGauges) -> CollectorRegistry:
@@ -250,6 +289,25 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.queue_attempts = Counter(
+            "receiver_queue_attempts",
+            "Attempts of queued receipts run by workers, by outcome.",
+            ["provider", "outcome"],
+            registry=r,
+        )
+        self.dead_letters = Counter(
+            "receiver_queue_dead_letters",
+            "Queued receipts failed after their last attempt (dead letters).",
+            ["provider"],
+            registry=r,
+        )
+        self.queue_lag_seconds = Histogram(
+            "receiver_queue_lag_seconds",
+            "Worker lag: from a queued receipt's due time to a worker taking it.",
+            ["provider"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self._ledger = _LedgerGauges()
         r.register(self._ledger)
         self._exposition = _exposition(self.registry, self._ledger)
@@ -270,6 +328,10 @@ class Metrics:
         self.needs_review_receipts.labels(provider)
         self.key_mismatches.labels(provider)
         self.key_drift.labels(provider)
+        for outcome in QUEUE_OUTCOMES:
+            self.queue_attempts.labels(provider, outcome)
+        self.dead_letters.labels(provider)
+        self.queue_lag_seconds.labels(provider)
         self.handler_seconds.labels(provider)
         self._ledger.providers.append(provider)
 
@@ -321,6 +383,14 @@ class Metrics:
             extra={"provider": provider, "webhook_id": webhook_id},
         )
 
+    def queue_attempt(self, provider: str, outcome: str) -> None:
+        self.queue_attempts.labels(provider, outcome).inc()
+        if outcome == "dead_letter":
+            self.dead_letters.labels(provider).inc()
+
+    def queue_lag(self, provider: str, seconds: float) -> None:
+        self.queue_lag_seconds.labels(provider).observe(seconds)
+
     def replayed(self, provider: str, outcome: str) -> None:
         self.replays.labels(provider, outcome).inc()
 
@@ -343,6 +413,17 @@ class Metrics:
         async with store.acquire() as conn:
             rows = await conn.run_all("oldest_in_flight_by_provider")
             oldest = {r["provider"]: float(r["claimed_at"]) for r in rows}
+            rows = await conn.run_all("queue_depth", store.now())
+            self._ledger.queue = {
+                r["provider"]: (
+                    int(r["due"] or 0),
+                    int(r["waiting"] or 0),
+                    None if r["oldest_due"] is None else float(r["oldest_due"]),
+                )
+                for r in rows
+            }
+            if rows:
+                self._ledger.queue_now = float(rows[0]["now"])
             if counts:
                 self._ledger.counts = await count_receipts(conn, self.exact_count_below)
                 self._counted_at = now

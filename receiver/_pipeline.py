@@ -24,6 +24,7 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 
 from . import _ledger as ledger
+from . import _queue as queue
 from ._batcher import Batcher
 from ._cache import ReplayCache
 from ._events import Event
@@ -35,6 +36,7 @@ from ._exceptions import (
     VerificationError,
 )
 from ._handlers import Handler, Registry
+from ._ingest import Ingest
 from ._ledger import Claim, Decision, Key, Receipt, State, StoredResponse
 from ._logging import get_logger
 from ._metrics import Metrics
@@ -64,6 +66,8 @@ class Outcome(enum.StrEnum):
     RECONCILED = "reconciled"
     NEEDS_REVIEW = "needs_review"
     STORE_UNAVAILABLE = "store_unavailable"
+    QUEUED = "queued"  # recorded for the workers and answered 202 (queued mode)
+    DEAD_LETTER = "dead_letter"  # a queued receipt's last attempt failed (workers only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +135,9 @@ class _Job:
     #: Set by a fresh claim: the payload is already in the window under another webhook-id
     #: (None: the store did not check, see :meth:`Pipeline.deliver`).
     drift: bool | None = None
+    #: Set when a worker runs a queued receipt: it is finished, retried or failed by the
+    #: queue's statements, which keep the sender's stored 202 (receiver/_queue.py).
+    queued: queue.Queued | None = None
 
 
 @dataclass(slots=True)
@@ -170,6 +177,10 @@ class Pipeline:
         self.metrics = metrics
         #: Keys whose handlers this process is running now.
         self._running: dict[Key, _Running] = {}
+        #: Queued deliveries' micro-batcher (receiver/_ingest.py).
+        self.ingest = Ingest(store)
+        #: Completions of queued receipts, batched where the store batches.
+        self._queue_done = queue.Completions(store)
         # Stores that batch (PostgreSQL) share one statement among concurrent claims, and
         # among the completions of handlers that never touched tx (receiver/_batcher.py).
         self._claims: Batcher[Claim, ledger.Claimed | Receipt | None] | None = None
@@ -209,7 +220,8 @@ class Pipeline:
             timestamp=verified.timestamp,
             client=client,
         )
-        running = self._running.get(key)
+        queued = _queued(provider, job)
+        running = None if queued else self._running.get(key)
         if running is not None and running.lease_until <= now:
             running = None  # stalled past its lease: the ledger decides, as for any attempt
         if hit is not None and hit.payload_hash == job.claim.payload_hash:
@@ -225,7 +237,7 @@ class Pipeline:
                 reply = self._busy(running.fence, wait)
         else:
             try:
-                reply = await self._claim_and_run(job)
+                reply = await (self._enqueue(job) if queued else self._claim_and_run(job))
             except StoreUnavailable as exc:
                 reply = self._unavailable(exc)
         self._report(provider.name, key.webhook_id, job.parsed.event_type, reply, started, headers)
@@ -240,7 +252,10 @@ class Pipeline:
         key = job.claim.key
         if job.drift:
             self.metrics.drifted(key.provider, key.webhook_id)
-        elif job.drift is None and reply.fence == 1 and reply.outcome in _FRESH:
+        elif job.drift is None and (
+            (reply.fence == 1 and reply.outcome in _FRESH)
+            or (reply.fence == 0 and reply.outcome is Outcome.QUEUED)  # a fresh queued receipt
+        ):
             reply.response.background = BackgroundTask(
                 self.metrics.check_drift,
                 self.store,
@@ -274,7 +289,12 @@ class Pipeline:
             )
 
     async def recover(
-        self, provider: Provider, receipt: Receipt, *, reconcile: bool = True
+        self,
+        provider: Provider,
+        receipt: Receipt,
+        *,
+        reconcile: bool = True,
+        queued: queue.Queued | None = None,
     ) -> Reply | None:
         """Run a stored delivery again under the next fence, as a redelivery would: the
         sweeper's recovery of a stale in-flight receipt (external handlers are reconciled,
@@ -295,13 +315,99 @@ class Pipeline:
             receipt.event_type,
             self.clock(),
         )
+        job.queued = queued  # a worker's recovery of a queued receipt (receiver/_worker.py)
         if reconcile and _external(job.handlers):
             return await self._recover_external(job, receipt)
         async with self.store.acquire() as conn:
-            fence = await ledger.reclaim(conn, job.claim, receipt.fence)
+            fence = await self._reclaim(conn, job, receipt.fence)
         if fence is None:
             return None
         return await self._run(job, fence)
+
+    # -- queued mode (receiver/_queue.py, _ingest.py, _worker.py) --------------------------------
+
+    async def process(
+        self,
+        provider: Provider,
+        webhook_id: str,
+        body: bytes,
+        event_type: str | None,
+        fence: int,
+        queued: queue.Queued,
+    ) -> Reply:
+        """Run a queued receipt that a worker has taken in flight under ``fence``, exactly as
+        an inline delivery: the handlers in one transaction with the fenced completion."""
+        job = self._prepare(provider, webhook_id, body, event_type, self.clock())
+        job.queued = queued
+        return await self._run(job, fence)
+
+    async def _enqueue(self, job: _Job) -> Reply:
+        """Queued mode: record the receipt for the workers (micro-batched) and answer 202; a
+        key already in the ledger is decided like any duplicate."""
+        claim = job.claim
+        if await self.ingest.submit(claim):
+            self._remember(job, queue.QUEUED)
+            return Reply(replay(queue.QUEUED, replayed=False), Outcome.QUEUED, 0)
+        async with self.store.acquire() as conn:
+            receipt = await ledger.lookup(conn, claim.key, claim.now)
+            if receipt is None:  # expired and deleted in between: the sender retries
+                return self._busy(None, 1)
+            decision = ledger.decide(receipt, claim.payload_hash)
+            if decision is Decision.RECLAIM and await queue.requeue(conn, claim, receipt.fence):
+                return Reply(replay(queue.QUEUED, replayed=False), Outcome.QUEUED, receipt.fence)
+        if decision is Decision.REPLAY:
+            assert receipt.response is not None
+            if receipt.state is State.COMPLETED:
+                self._remember(job, receipt.response)
+            return Reply(replay(receipt.response, replayed=True), Outcome.REPLAYED)
+        if decision is Decision.MISMATCH:
+            return self._mismatch(claim.key)
+        # In flight under an inline attempt (the mode changed), or taken over meanwhile.
+        return self._in_flight(receipt)
+
+    async def _reclaim(self, conn: Connection, job: _Job, seen_fence: int) -> int | None:
+        if job.queued is not None:
+            return await queue.reclaim(conn, job.claim, seen_fence)
+        return await ledger.reclaim(conn, job.claim, seen_fence)
+
+    async def _finish(
+        self, job: _Job, fence: int, stored: StoredResponse, state: State = State.COMPLETED
+    ) -> None:
+        """:meth:`_complete`, or for a queued receipt the queue's completion (which keeps the
+        stored 202), batched like :meth:`_complete` where the store batches."""
+        if job.queued is None:
+            await self._complete(job.claim.key, fence, stored, state)
+            return
+        await self._queue_done.complete(job.claim.key, fence, state, job.queued.window)
+
+    async def _give_back(self, job: _Job, fence: int, exc: Exception) -> Reply:
+        """After a failure: released for the sender's retry (inline), or scheduled for the
+        workers' next attempt or failed as a dead letter (queued)."""
+        if job.queued is None:
+            return await self._failed(job.claim.key, fence, exc)
+        key, q = job.claim.key, job.queued
+        failed = q.failed + 1
+        dead = q.backoff.is_last(failed)
+        delay = 0.0 if dead else q.backoff.delay(failed)
+        message = describe(exc)  # a driver's text carries payload values: never kept
+        extra = {"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence}
+        if dead:
+            logger.error("ALERT: queued delivery failed its last attempt: dead letter", extra=extra)
+        else:
+            logger.warning("queued delivery failed; retry in %.1f s", delay, extra=extra)
+        async with self.store.acquire() as conn:
+            await queue.retry(
+                conn,
+                key,
+                fence,
+                message,
+                self.store.now(),
+                delay=delay,
+                dead=dead,
+                window=q.window,
+            )
+        outcome = Outcome.DEAD_LETTER if dead else Outcome.HANDLER_FAILED
+        return Reply(error(500, "handler_failed", "the handler failed"), outcome, fence)
 
     def _prepare(
         self,
@@ -409,7 +515,7 @@ class Pipeline:
         """Keep a completed receipt for replays by this process, until its window ends (as
         this process's clock counts it: the window starts at the claim, as the delivery
         arrived)."""
-        if self.cache is not None:
+        if self.cache is not None and job.queued is None:
             claim = job.claim
             body_hash = hashlib.sha256(claim.body).digest()
             expires = job.arrived + claim.window
@@ -525,10 +631,10 @@ class Pipeline:
             handlers = job.handlers
         if job.parsed.problem is not None:
             final = stored_error(400, "invalid_payload", job.parsed.problem)
-            await self._complete(key, fence, final, State.FAILED)
+            await self._finish(job, fence, final, State.FAILED)
             return Reply(replay(final, replayed=False), Outcome.INVALID, fence)
         if not handlers and answer is None:
-            await self._complete(key, fence, IGNORED)
+            await self._finish(job, fence, IGNORED)
             self._remember(job, IGNORED)
             return Reply(replay(IGNORED, replayed=False), Outcome.IGNORED, fence)
         running = _Running(job.claim.payload_hash, fence, self.clock() + job.claim.lease)
@@ -561,7 +667,11 @@ class Pipeline:
                     result = await self._call(handlers, event, tx)
                     finished = True
                     stored = _final(answer or encode(result), key)
-                    if tx.in_transaction:
+                    if tx.in_transaction and job.queued is not None:
+                        await queue.complete(
+                            tx, key, fence, State.COMPLETED, self.store.now(), job.queued.window
+                        )
+                    elif tx.in_transaction:
                         # The handlers wrote: their writes and the fenced completion commit
                         # together, or not at all.
                         await ledger.complete(tx, key, fence, stored, self.store.now())
@@ -585,7 +695,7 @@ class Pipeline:
             # The handlers never touched tx: their completion is one statement of its own,
             # shared with other deliveries' where the store batches.
             try:
-                await self._complete(key, fence, deferred)
+                await self._finish(job, fence, deferred)
             except LeaseLost as exc:
                 failure = exc
         if isinstance(failure, LeaseLost):
@@ -600,7 +710,7 @@ class Pipeline:
             )
             return Reply(response, Outcome.LEASE_LOST, fence)
         if failure is not None:
-            return await self._failed(key, fence, failure)
+            return await self._give_back(job, fence, failure)
         self._remember(job, stored)
         outcome = Outcome.EXECUTED if answer is None else Outcome.RECONCILED
         return Reply(replay(stored, replayed=False), outcome, fence)
@@ -671,7 +781,7 @@ class Pipeline:
         external handler's reconcile() asks the outside world what happened."""
         key = job.claim.key
         async with self.store.acquire() as conn:
-            fence = await ledger.reclaim(conn, job.claim, receipt.fence)
+            fence = await self._reclaim(conn, job, receipt.fence)
         if fence is None:
             return self._in_flight(receipt)
         externals = [h for h in job.handlers if h.effects == "external"]
@@ -680,10 +790,21 @@ class Pipeline:
                 "an attempt of an external handler without reconcile() was interrupted: it may "
                 "or may not have acted; check the outside system, then `receiver replay`"
             )
-            async with self.store.acquire() as conn:
-                await needs_review(
-                    conn, key, fence, _NEEDS_REVIEW, reason, self.store.now(), self.metrics
+            if job.queued is None:
+                async with self.store.acquire() as conn:
+                    await needs_review(
+                        conn, key, fence, _NEEDS_REVIEW, reason, self.store.now(), self.metrics
+                    )
+            else:
+                # A queued receipt keeps its stored 202: the queue's completion, then the alert.
+                await self._finish(job, fence, _NEEDS_REVIEW, State.FAILED)
+                logger.error(
+                    "ALERT: receipt needs review: %s",
+                    reason,
+                    extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
                 )
+                if self.metrics is not None:
+                    self.metrics.needs_review(key.provider)
             return Reply(replay(_NEEDS_REVIEW, replayed=False), Outcome.NEEDS_REVIEW, fence)
         async with self.store.lazy() as conn:
             event = _with_fence(job.event, fence, self._extender(conn, key, fence))
@@ -694,7 +815,7 @@ class Pipeline:
             else:
                 failure = None
         if failure is not None:
-            return await self._failed(key, fence, failure)
+            return await self._give_back(job, fence, failure)
         if any(isinstance(r, RunAgain) for r in results):
             return await self._run(job, fence)
         # The external effects happened; the transactional handlers' writes died with the
@@ -749,6 +870,14 @@ def _log(
             "request_id": headers.get("x-kong-request-id") or headers.get("x-request-id"),
         },
     )
+
+
+def _queued(provider: Provider, job: _Job) -> bool:
+    """Queued mode: chosen by the provider, or by any handler of the event (they run in one
+    transaction). A body that does not parse is answered 400 at once, as inline."""
+    if job.parsed.problem is not None:
+        return False
+    return provider.mode == "queued" or any(h.mode == "queued" for h in job.handlers)
 
 
 def _external(handlers: Sequence[Handler]) -> bool:

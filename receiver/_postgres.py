@@ -269,3 +269,13 @@ class PostgresStore(Store):
                     conn = await asyncpg.connect(self._dsn, timeout=self._connect_timeout)
                 self._aside = conn
             yield PostgresConnection(conn)
+
+    async def connect_alone(self) -> asyncpg.Connection:
+        """A connection of its own, outside the pool, for a worker's LISTEN (a pooled one
+        would carry the LISTEN to its next borrower). The caller closes it."""
+        if self._dsn is None:
+            from ._exceptions import ConfigurationError
+
+            raise ConfigurationError("a store on a shared pool cannot open connections of its own")
+        with _translated():
+            return await asyncpg.connect(self._dsn, timeout=self._connect_timeout)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from ._backoff import Backoff
 from ._exceptions import ConfigurationError
+from ._handlers import Mode
 from ._schedules import DAY, DedupWindow, RetrySchedule, dedup_window
 from ._verification import StandardWebhooks, Verifier
 
@@ -22,7 +24,9 @@ class Provider:
     verification with another scheme. ``schedule`` (a preset name such as ``"svix"`` or
     ``"stripe"``, or a list of delays in seconds) and ``review_margin`` size the dedup window;
     ``ttl`` sets it explicitly and must not be shorter than the schedule's span. ``lease`` is how
-    long an attempt owns a delivery before another attempt may take over.
+    long an attempt owns a delivery before another attempt may take over. ``mode="queued"``
+    answers every delivery 202 once it is recorded and leaves the handlers to workers, which
+    retry a failure on the ``retry`` schedule (see :class:`~receiver.Backoff`).
     """
 
     def __init__(
@@ -36,6 +40,8 @@ class Provider:
         review_margin: float = DAY,
         ttl: float | None = None,
         lease: float = 60.0,
+        mode: Mode = "inline",
+        retry: Backoff | None = None,
     ) -> None:
         if not isinstance(name, str) or not _NAME.match(name):
             raise ConfigurationError(
@@ -61,7 +67,17 @@ class Provider:
             )
         if not lease > 0:
             raise ConfigurationError(f"provider {name!r}: lease must be positive, not {lease!r}")
+        if mode not in ("inline", "queued"):
+            raise ConfigurationError(
+                f"provider {name!r}: mode must be 'inline' or 'queued', not {mode!r}"
+            )
+        if retry is not None and not isinstance(retry, Backoff):
+            raise ConfigurationError(
+                f"provider {name!r}: retry must be a Backoff(attempts=, base=, cap=), not {retry!r}"
+            )
         self.name = name
+        self.mode: Mode = mode
+        self.retry = retry if retry is not None else Backoff()
         self.verifier = verifier
         self.lease = float(lease)
         self.window: DedupWindow = dedup_window(

@@ -9,7 +9,9 @@ claim), or whose attempt died (in flight, lease expired) can be run again by an 
   compare-and-set on its fence);
 - then, like a sender's retry, the replay reclaims it with the next fence (another
   compare-and-set: of a replay, a redelivery and the sweeper racing, exactly one wins) and runs
-  its handlers in one transaction with the completion.
+  its handlers in one transaction with the completion;
+- a ``failed`` queued receipt (a dead letter) is instead made due again, with a fresh round of
+  attempts, for the workers (the ``queue_reopen`` statement, fenced).
 
 External handlers run again too: replaying is the operator's decision, taken after looking at
 the outside system (which is what ``needs_review`` asks for). A completed receipt is never
@@ -23,12 +25,14 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Protocol
 
 from . import _ledger as ledger
+from . import _queue as queue
 from ._exceptions import ReceiverError
 from ._ledger import Key, Receipt, State
 from ._logging import get_logger
 from ._metrics import Metrics
-from ._pipeline import Pipeline, Reply
+from ._pipeline import Outcome, Pipeline, Reply
 from ._providers import Provider
+from ._responses import replay as replay_response
 from ._store import Store
 
 logger = get_logger("receiver")
@@ -66,6 +70,12 @@ async def replay(rx: Receiver, provider_name: str, webhook_id: str) -> Reply:
     now = rx.store.now()
     async with rx.store.acquire() as conn:
         receipt = _replayable(key, await ledger.lookup(conn, key, now))
+        if receipt.state is State.FAILED and await queue.reopen(conn, key, receipt.fence, now):
+            # A queued dead letter: due again now, for the workers, with a fresh round of
+            # attempts (its sender was answered 202 long ago; nothing is sent back here).
+            requeued = Reply(replay_response(queue.QUEUED, replayed=False), Outcome.QUEUED)
+            _report(rx, key, receipt, requeued)
+            return requeued
         if receipt.state is State.FAILED:
             reopened = await conn.run("reopen", key.provider, key.webhook_id, receipt.fence, now)
             if reopened is None:
@@ -77,6 +87,11 @@ async def replay(rx: Receiver, provider_name: str, webhook_id: str) -> Reply:
             f"{_name(key)} was taken over by another attempt (a redelivery or the sweeper) "
             "before the replay could claim it"
         )
+    _report(rx, key, receipt, reply)
+    return reply
+
+
+def _report(rx: Receiver, key: Key, receipt: Receipt, reply: Reply) -> None:
     logger.info(
         "replay %s",
         reply.outcome.value,
@@ -91,7 +106,6 @@ async def replay(rx: Receiver, provider_name: str, webhook_id: str) -> Reply:
     )
     if rx.metrics is not None:
         rx.metrics.replayed(key.provider, reply.outcome.value)
-    return reply
 
 
 def _replayable(key: Key, receipt: Receipt | None) -> Receipt:

@@ -90,3 +90,35 @@ def running(env: Mapping[str, str], log: Path, **kw: object) -> Iterator[Server]
         yield server
     finally:
         server.stop()
+
+
+def start_worker(
+    env: Mapping[str, str],
+    log: Path,
+    *,
+    app: str = "tests.apps.queued:rx",
+    concurrency: int = 8,
+    grace: float = 30.0,
+) -> subprocess.Popen[bytes]:
+    """``receiver worker`` as a real process (queued mode); the caller stops or kills it."""
+    handle = log.open("ab")
+    return subprocess.Popen(
+        [
+            RECEIVER,
+            "worker",
+            "--app",
+            app,
+            "--concurrency",
+            str(concurrency),
+            "--poll-interval",
+            "0.2",
+            "--grace",
+            str(grace),
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+    )

@@ -173,7 +173,7 @@ SELECT provider, webhook_id, state, fence, payload_hash, event_type,
        response_status, response_content_type, response_body, response_headers, request_body,
        attempts, last_error
 FROM receiver_receipts
-WHERE state = 'in_flight'
+WHERE state = 'in_flight' AND due_at IS NULL  -- queued receipts are the workers' (queue_stale)
   AND lease_until <= COALESCE(to_timestamp($1::float8), statement_timestamp())
 ORDER BY lease_until
 LIMIT $2;
@@ -227,7 +227,7 @@ SELECT provider, webhook_id, state, fence, event_type, attempts, last_error,
        extract(epoch FROM claimed_at)::float8 AS claimed_at,
        extract(epoch FROM completed_at)::float8 AS completed_at
 FROM receiver_receipts
-WHERE (state = 'failed' OR (state = 'released' AND attempts > 0))
+WHERE (state = 'failed' OR (state IN ('released', 'queued') AND attempts > 0))
   AND ($1 = '' OR provider = $1)
 ORDER BY claimed_at
 LIMIT $2;
@@ -303,6 +303,178 @@ SET state = 'released',
     response_body = NULL,
     response_headers = NULL
 WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state = 'failed'
+RETURNING fence;
+
+-- Queued mode (receiver/_queue.py). A queued receipt is inserted in state 'queued', due now,
+-- with the sender's answer (the 202) already in the response columns: that answer is replayed
+-- to every redelivery whatever the processing state, and no worker statement touches it.
+-- Until it is finished it never expires (expires_at is infinity); its window starts when a
+-- worker finishes it. due_at stays set afterwards: it marks the receipt as a queued one.
+
+-- name: enqueue
+-- Ingest micro-batching: the whole batch in one statement (arrays, unnest), one autocommit.
+-- Only the rows inserted come back; a key already there (or twice in the batch) is a
+-- duplicate the caller looks up. One NOTIFY per batch, and none for a batch of duplicates:
+-- NOTIFY takes a cluster-wide lock at commit, which would serialise the committers.
+WITH t AS (SELECT COALESCE(to_timestamp($6::float8), statement_timestamp()) AS now),
+ins AS (
+    INSERT INTO receiver_receipts
+        (provider, webhook_id, payload_hash, state, fence, event_type, claimed_at,
+         lease_until, expires_at, due_at, request_body,
+         response_status, response_content_type, response_body)
+    SELECT d.provider, d.webhook_id, d.payload_hash, 'queued', 0, d.event_type, t.now,
+           t.now, 'infinity', t.now, d.request_body, $7, $8, $9
+    FROM t, unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::bytea[])
+        AS d(provider, webhook_id, payload_hash, event_type, request_body)
+    -- Key order: two batches waiting on each other's keys would otherwise deadlock.
+    ORDER BY d.provider, d.webhook_id
+    ON CONFLICT (provider, webhook_id) DO NOTHING
+    RETURNING provider, webhook_id
+),
+notified AS (
+    SELECT pg_notify('receiver_queue', '') AS n WHERE EXISTS (SELECT 1 FROM ins)
+)
+SELECT provider, webhook_id FROM ins
+UNION ALL
+SELECT NULL, NULL FROM notified;
+
+-- name: queue_fetch
+-- A worker takes up to $2 due receipts: locked with SKIP LOCKED (workers never wait on each
+-- other), moved in flight with the next fence and a lease of $3 seconds, in one short
+-- statement. An index scan of receiver_receipts_due, however large the table.
+WITH due AS (
+    SELECT provider, webhook_id
+    FROM receiver_receipts
+    WHERE state = 'queued'
+      AND due_at <= COALESCE(to_timestamp($1::float8), statement_timestamp())
+    ORDER BY due_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+),
+t AS (SELECT COALESCE(to_timestamp($1::float8), statement_timestamp()) AS now)
+UPDATE receiver_receipts r
+SET state = 'in_flight',
+    fence = r.fence + 1,
+    claimed_at = t.now,
+    lease_until = t.now + $3::float8 * interval '1 second'
+FROM due, t
+WHERE r.provider = due.provider AND r.webhook_id = due.webhook_id
+RETURNING r.provider, r.webhook_id, r.fence, r.payload_hash, r.event_type, r.request_body,
+          r.attempts, extract(epoch FROM r.due_at)::float8 AS due_at,
+          extract(epoch FROM t.now)::float8 AS now;
+
+-- name: queue_complete
+-- Fenced, like complete, but the stored answer (the 202) stays: the handlers' result is not
+-- the sender's. The window ($6 seconds) starts now.
+WITH t AS (SELECT COALESCE(to_timestamp($5::float8), statement_timestamp()) AS now)
+UPDATE receiver_receipts
+SET state = $4,
+    completed_at = t.now,
+    lease_until = t.now,
+    expires_at = t.now + $6::float8 * interval '1 second',
+    request_body = CASE WHEN $4 = 'completed' THEN NULL ELSE request_body END
+FROM t
+WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state = 'in_flight'
+RETURNING fence;
+
+-- name: queue_retry
+-- Fenced: a failed attempt. Due again in $6 seconds, or, after the last attempt ($7 true),
+-- failed: a dead letter, kept for its window ($8 seconds) with its body for a replay.
+WITH t AS (SELECT COALESCE(to_timestamp($5::float8), statement_timestamp()) AS now)
+UPDATE receiver_receipts
+SET state = CASE WHEN $7::boolean THEN 'failed' ELSE 'queued' END,
+    attempts = attempts + 1,
+    last_error = $4,
+    lease_until = t.now,
+    due_at = CASE WHEN $7::boolean THEN due_at ELSE t.now + $6::float8 * interval '1 second' END,
+    completed_at = CASE WHEN $7::boolean THEN t.now END,
+    expires_at = CASE WHEN $7::boolean THEN t.now + $8::float8 * interval '1 second'
+                      ELSE expires_at END
+FROM t
+WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state = 'in_flight'
+RETURNING fence;
+
+-- name: queue_reclaim
+-- Take over a queued receipt whose worker died or stalled (in flight, lease expired): a
+-- compare-and-set on the fence seen, keeping the stored answer.
+WITH t AS (SELECT COALESCE(to_timestamp($4::float8), statement_timestamp()) AS now)
+UPDATE receiver_receipts
+SET fence = fence + 1,
+    claimed_at = t.now,
+    lease_until = t.now + $5::float8 * interval '1 second'
+FROM t
+WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state = 'in_flight'
+  AND due_at IS NOT NULL
+  -- As a CASE, so that no plan walks receiver_receipts_in_flight by lease instead of the key.
+  AND CASE WHEN lease_until <= t.now THEN true ELSE false END
+RETURNING fence;
+
+-- name: queue_stale
+-- Queued receipts whose worker died or stalled; read through receiver_receipts_in_flight.
+SELECT provider, webhook_id, state, fence, payload_hash, event_type,
+       extract(epoch FROM COALESCE(to_timestamp($1::float8), statement_timestamp()))::float8
+           AS now,
+       extract(epoch FROM claimed_at)::float8 AS claimed_at,
+       extract(epoch FROM lease_until)::float8 AS lease_until,
+       extract(epoch FROM expires_at)::float8 AS expires_at,
+       extract(epoch FROM completed_at)::float8 AS completed_at,
+       response_status, response_content_type, response_body, response_headers, request_body,
+       attempts, last_error
+FROM receiver_receipts
+WHERE state = 'in_flight' AND due_at IS NOT NULL
+  AND lease_until <= COALESCE(to_timestamp($1::float8), statement_timestamp())
+ORDER BY lease_until
+LIMIT $2;
+
+-- name: queue_requeue
+-- A queued delivery whose key's receipt expired (not yet deleted): queue it again, fenced on
+-- the fence seen, exactly as a fresh one.
+WITH t AS (SELECT COALESCE(to_timestamp($7::float8), statement_timestamp()) AS now)
+UPDATE receiver_receipts
+SET state = 'queued', payload_hash = $4, event_type = $5, request_body = $6,
+    claimed_at = t.now, lease_until = t.now, expires_at = 'infinity', due_at = t.now,
+    completed_at = NULL, attempts = 0, last_error = NULL,
+    response_status = $8, response_content_type = $9, response_body = $10,
+    response_headers = NULL
+FROM t
+WHERE provider = $1 AND webhook_id = $2 AND fence = $3
+  AND (state = 'released'
+       OR (state <> 'in_flight' AND state <> 'queued' AND expires_at <= t.now))
+RETURNING fence;
+
+-- name: queue_reopen
+-- Dead-letter replay of a queued receipt: due now, with a fresh round of attempts (fenced).
+WITH t AS (SELECT COALESCE(to_timestamp($4::float8), statement_timestamp()) AS now)
+UPDATE receiver_receipts
+SET state = 'queued', due_at = t.now, lease_until = t.now, attempts = 0,
+    completed_at = NULL, expires_at = 'infinity'
+FROM t
+WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state = 'failed'
+  AND due_at IS NOT NULL
+RETURNING fence;
+
+-- name: queue_depth
+-- For the metrics: queued receipts per provider (due now, and waiting for a retry), and the
+-- oldest due one. Reads only queued rows (receiver_receipts_due).
+SELECT provider,
+       count(*) FILTER (WHERE due_at <= t.now) AS due,
+       count(*) FILTER (WHERE due_at > t.now) AS waiting,
+       extract(epoch FROM min(due_at) FILTER (WHERE due_at <= t.now))::float8 AS oldest_due,
+       extract(epoch FROM t.now)::float8 AS now
+FROM receiver_receipts,
+     (SELECT COALESCE(to_timestamp($1::float8), statement_timestamp()) AS now) t
+WHERE state = 'queued'
+GROUP BY provider, t.now;
+
+-- name: queue_release
+-- A stopping worker gives back an attempt it cancelled (rolled back): due now, fenced, not
+-- counted as a failure.
+WITH t AS (SELECT COALESCE(to_timestamp($4::float8), statement_timestamp()) AS now)
+UPDATE receiver_receipts
+SET state = 'queued', due_at = t.now, lease_until = t.now
+FROM t
+WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state = 'in_flight'
+  AND due_at IS NOT NULL
 RETURNING fence;
 
 -- The micro-batcher's statements (receiver/_batcher.py). PostgreSQL only: their point is to
@@ -383,4 +555,22 @@ FROM unnest($2::text[], $3::text[], $4::int8[], $5::text[], $6::int4[], $7::text
 CROSS JOIN t
 WHERE r.provider = i.provider AND r.webhook_id = i.webhook_id AND r.fence = i.fence
   AND r.state = 'in_flight'
+RETURNING r.provider, r.webhook_id, r.fence;
+
+-- name: queue_complete_many
+-- Many queued completions in one statement (handlers that never touched tx; the micro-batcher):
+-- $1 the time, then one array per column. The keys that come back were finished; a missing one
+-- had a stale fence. The stored answer (the 202) stays, as in queue_complete.
+WITH t AS (SELECT COALESCE(to_timestamp($1::float8), statement_timestamp()) AS now)
+UPDATE receiver_receipts r
+SET state = i.state,
+    completed_at = t.now,
+    lease_until = t.now,
+    expires_at = t.now + i.win * interval '1 second',
+    request_body = CASE WHEN i.state = 'completed' THEN NULL ELSE r.request_body END
+FROM unnest($2::text[], $3::text[], $4::int8[], $5::text[], $6::float8[])
+        AS i(provider, webhook_id, fence, state, win)
+CROSS JOIN t
+WHERE r.provider = i.provider AND r.webhook_id = i.webhook_id AND r.fence = i.fence
+  AND r.state = 'in_flight' AND r.due_at IS NOT NULL
 RETURNING r.provider, r.webhook_id, r.fence;

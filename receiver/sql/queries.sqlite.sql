@@ -122,7 +122,7 @@ SELECT provider, webhook_id, state, fence, payload_hash, event_type,
        response_status, response_content_type, response_body, response_headers, request_body,
        attempts, last_error
 FROM receiver_receipts
-WHERE state = 'in_flight'
+WHERE state = 'in_flight' AND due_at IS NULL  -- queued receipts are the workers' (queue_stale)
   AND lease_until <= COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0)
 ORDER BY lease_until
 LIMIT ?2;
@@ -159,7 +159,7 @@ RETURNING fence;
 SELECT provider, webhook_id, state, fence, event_type, attempts, last_error,
        claimed_at, completed_at
 FROM receiver_receipts
-WHERE (state = 'failed' OR (state = 'released' AND attempts > 0))
+WHERE (state = 'failed' OR (state IN ('released', 'queued') AND attempts > 0))
   AND (?1 = '' OR provider = ?1)
 ORDER BY claimed_at
 LIMIT ?2;
@@ -217,4 +217,131 @@ SET state = 'released',
     response_body = NULL,
     response_headers = NULL
 WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'failed'
+RETURNING fence;
+
+-- Queued mode (receiver/_queue.py); see queries.postgresql.sql for the whole story. SQLite has
+-- one writer: the batch is a group of these statements in one transaction, and a single
+-- worker process fetches (no SKIP LOCKED needed, none available).
+
+-- name: enqueue
+-- One row (PostgreSQL's takes the whole batch as arrays). No NOTIFY on SQLite: workers poll.
+INSERT INTO receiver_receipts
+    (provider, webhook_id, payload_hash, state, fence, event_type, claimed_at,
+     lease_until, expires_at, due_at, request_body,
+     response_status, response_content_type, response_body)
+VALUES (?1, ?2, ?3, 'queued', 0, ?4,
+        COALESCE(?6, (julianday('now') - 2440587.5) * 86400.0),
+        COALESCE(?6, (julianday('now') - 2440587.5) * 86400.0),
+        9e999,
+        COALESCE(?6, (julianday('now') - 2440587.5) * 86400.0),
+        ?5, ?7, ?8, ?9)
+ON CONFLICT (provider, webhook_id) DO NOTHING
+RETURNING provider, webhook_id;
+
+-- name: queue_fetch
+UPDATE receiver_receipts
+SET state = 'in_flight',
+    fence = fence + 1,
+    claimed_at = COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0),
+    lease_until = COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0) + ?3
+WHERE (provider, webhook_id) IN (
+    SELECT provider, webhook_id FROM receiver_receipts
+    WHERE state = 'queued'
+      AND due_at <= COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0)
+    ORDER BY due_at
+    LIMIT ?2
+)
+RETURNING provider, webhook_id, fence, payload_hash, event_type, request_body, attempts,
+          due_at, claimed_at AS now;
+
+-- name: queue_complete
+UPDATE receiver_receipts
+SET state = ?4,
+    completed_at = COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0),
+    lease_until = COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0),
+    expires_at = COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0) + ?6,
+    request_body = CASE WHEN ?4 = 'completed' THEN NULL ELSE request_body END
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
+RETURNING fence;
+
+-- name: queue_retry
+UPDATE receiver_receipts
+SET state = CASE WHEN ?7 THEN 'failed' ELSE 'queued' END,
+    attempts = attempts + 1,
+    last_error = ?4,
+    lease_until = COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0),
+    due_at = CASE WHEN ?7 THEN due_at
+                  ELSE COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0) + ?6 END,
+    completed_at = CASE WHEN ?7 THEN COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0) END,
+    expires_at = CASE WHEN ?7 THEN COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0) + ?8
+                      ELSE expires_at END
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
+RETURNING fence;
+
+-- name: queue_reclaim
+UPDATE receiver_receipts
+SET fence = fence + 1,
+    claimed_at = COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0),
+    lease_until = COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0) + ?5
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
+  AND due_at IS NOT NULL
+  AND lease_until <= COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0)
+RETURNING fence;
+
+-- name: queue_stale
+SELECT provider, webhook_id, state, fence, payload_hash, event_type,
+       COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0) AS now,
+       claimed_at, lease_until, expires_at, completed_at,
+       response_status, response_content_type, response_body, response_headers, request_body,
+       attempts, last_error
+FROM receiver_receipts
+WHERE state = 'in_flight' AND due_at IS NOT NULL
+  AND lease_until <= COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0)
+ORDER BY lease_until
+LIMIT ?2;
+
+-- name: queue_requeue
+UPDATE receiver_receipts
+SET state = 'queued', payload_hash = ?4, event_type = ?5, request_body = ?6,
+    claimed_at = COALESCE(?7, (julianday('now') - 2440587.5) * 86400.0),
+    lease_until = COALESCE(?7, (julianday('now') - 2440587.5) * 86400.0),
+    expires_at = 9e999,
+    due_at = COALESCE(?7, (julianday('now') - 2440587.5) * 86400.0),
+    completed_at = NULL, attempts = 0, last_error = NULL,
+    response_status = ?8, response_content_type = ?9, response_body = ?10,
+    response_headers = NULL
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3
+  AND (state = 'released'
+       OR (state <> 'in_flight' AND state <> 'queued'
+           AND expires_at <= COALESCE(?7, (julianday('now') - 2440587.5) * 86400.0)))
+RETURNING fence;
+
+-- name: queue_reopen
+UPDATE receiver_receipts
+SET state = 'queued',
+    due_at = COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0),
+    lease_until = COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0),
+    attempts = 0, completed_at = NULL, expires_at = 9e999
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'failed'
+  AND due_at IS NOT NULL
+RETURNING fence;
+
+-- name: queue_depth
+SELECT provider,
+       sum(due_at <= t.now) AS due,
+       sum(due_at > t.now) AS waiting,
+       min(CASE WHEN due_at <= t.now THEN due_at END) AS oldest_due,
+       t.now AS now
+FROM receiver_receipts,
+     (SELECT COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0) AS now) t
+WHERE state = 'queued'
+GROUP BY provider;
+
+-- name: queue_release
+UPDATE receiver_receipts
+SET state = 'queued',
+    due_at = COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0),
+    lease_until = COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0)
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
+  AND due_at IS NOT NULL
 RETURNING fence;

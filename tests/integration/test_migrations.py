@@ -183,6 +183,7 @@ async def test_a_0_1_0_ledger_migrates_without_losing_or_changing_a_receipt(
     assert await store.missing_migrations() == []
     after = await rows(store, "receiver_receipts")
     assert [r.pop("response_headers") for r in after] == [None] * len(RECEIPTS)
+    assert [r.pop("due_at") for r in after] == [None] * len(RECEIPTS)  # 0004: inline receipts
     assert after == before["receiver_receipts"]
     assert await rows(store, "receiver_attempts") == before["receiver_attempts"]
 

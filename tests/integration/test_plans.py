@@ -21,7 +21,14 @@ from receiver._queries import queries
 from tests import pgcluster
 from tests.conftest import TEST_DATABASE
 
-LITERALS = {"text": "'x'", "bytea": "'\\x78'::bytea", "float8": "1.0", "int8": "1", "int4": "1"}
+LITERALS = {
+    "text": "'x'",
+    "bytea": "'\\x78'::bytea",
+    "float8": "1.0",
+    "int8": "1",
+    "int4": "1",
+    "bool": "false",
+}
 
 KEYED = sorted(name for name, sql in queries("postgresql").items() if "webhook_id = $2" in sql)
 

@@ -12,6 +12,7 @@ import pytest
 from starlette.datastructures import Headers
 
 from receiver import (
+    Backoff,
     Config,
     ConfigurationError,
     Connection,
@@ -389,24 +390,26 @@ ERRORS = [
     (
         'stor = "x"\n' + P,
         "receiver.toml:1: stor: unknown key (did you mean store?); the file's top level takes "
-        "store, handlers, max_body_size, retry_after, sweep_interval, trusted_proxies, providers",
+        "store, handlers, max_body_size, retry_after, sweep_interval, trusted_proxies, workers, "
+        "providers",
     ),
     (
         'scheme = "stripe"\n' + P,
         "receiver.toml:1: scheme: unknown key (provider settings go in a [providers.NAME] "
         "table); the file's top level takes store, handlers, max_body_size, retry_after, "
-        "sweep_interval, trusted_proxies, providers",
+        "sweep_interval, trusted_proxies, workers, providers",
     ),
     (
         P + "max_body_size = 10\n",
         "receiver.toml:3: providers.b.max_body_size: unknown key (top-level keys must come "
         "before the first [table] header); a provider takes scheme, secrets_env, tolerance, "
-        "schedule, review_margin, ttl, lease",
+        "schedule, review_margin, ttl, lease, mode, retry_attempts, retry_base, retry_cap",
     ),
     (
         P + 'shedule = "svix"\n',
         "receiver.toml:3: providers.b.shedule: unknown key (did you mean schedule?); a provider "
-        "takes scheme, secrets_env, tolerance, schedule, review_margin, ttl, lease",
+        "takes scheme, secrets_env, tolerance, schedule, review_margin, ttl, lease, mode, "
+        "retry_attempts, retry_base, retry_cap",
     ),
     # secrets never in the file
     (
@@ -647,3 +650,40 @@ def test_bad_trusted_proxies_name_the_key(tmp_path: Path) -> None:
     path.write_text('trusted_proxies = ["not-an-ip"]\n')
     with pytest.raises(ConfigurationError, match=r"r.toml:1: trusted_proxies: .*not an IP"):
         load_config(path)
+
+
+# -- queued mode ----------------------------------------------------------------------------------
+
+
+def test_queued_mode_and_its_retries(write: Write) -> None:
+    config = load_config(
+        write(
+            'workers = 2\n[providers.a]\nsecrets_env = ["A"]\nmode = "queued"\n'
+            'retry_attempts = 3\nretry_base = "5s"\nretry_cap = "2m"\n'
+        )
+    )
+    (provider,) = config.providers
+    assert (provider.mode, provider.retry) == ("queued", Backoff(attempts=3, base=5.0, cap=120.0))
+    rx = config.receiver(environ={"A": SECRET})
+    assert rx.workers == 2
+    assert rx.providers["a"].mode == "queued"
+    assert rx.providers["a"].retry == Backoff(attempts=3, base=5.0, cap=120.0)
+    defaults = load_config(write('[providers.a]\nsecrets_env = ["A"]\n')).providers[0]
+    assert (defaults.mode, defaults.retry) == ("inline", Backoff())
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('mode = "later"\n', 'providers.a.mode: expected "inline"'),
+        ("retry_attempts = 0\n", "providers.a.retry_attempts: expected a whole number"),
+        ('retry_base = "-1s"\n', "providers.a.retry_base"),
+        ('retry_base = "2h"\nretry_cap = "1h"\n', "providers.a.retry_cap: retry cap"),
+    ],
+)
+def test_queued_mode_mistakes(write: Write, text: str, message: str) -> None:
+    assert message in error(write, '[providers.a]\nsecrets_env = ["A"]\n' + text)
+
+
+def test_workers_must_be_a_count(write: Write) -> None:
+    assert "workers: expected a number" in error(write, "workers = -1\n")
