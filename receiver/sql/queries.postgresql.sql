@@ -91,6 +91,10 @@ WHERE provider = $1 AND webhook_id = $2 AND fence = $3
 RETURNING fence;
 
 -- name: complete
+-- The fenced statements say state COLLATE "C" = 'in_flight' (the same test): the predicate of
+-- the in-flight partial index is then not implied, so that a generic plan made while the table
+-- was empty and never analyzed cannot walk that index and filter by key (it would read every
+-- in-flight entry per delivery, a cost that grows with load); the primary key is the way.
 -- Fenced: zero rows means a newer claim owns the key and the caller must roll back.
 UPDATE receiver_receipts
 SET state = $4,
@@ -100,7 +104,7 @@ SET state = $4,
     response_headers = $9,
     completed_at = COALESCE(to_timestamp($8::float8), statement_timestamp()),
     request_body = CASE WHEN $4 = 'completed' THEN NULL ELSE request_body END
-WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state = 'in_flight'
+WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state COLLATE "C" = 'in_flight'
 RETURNING fence;
 
 -- name: release
@@ -110,7 +114,7 @@ SET state = 'released',
     attempts = attempts + 1,
     last_error = $4,
     lease_until = COALESCE(to_timestamp($5::float8), statement_timestamp())
-WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state = 'in_flight'
+WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state COLLATE "C" = 'in_flight'
 RETURNING fence;
 
 -- name: record_attempt
@@ -144,7 +148,7 @@ UPDATE receiver_receipts
 SET lease_until = t.until,
     expires_at = GREATEST(expires_at, t.until)
 FROM t
-WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state = 'in_flight'
+WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state COLLATE "C" = 'in_flight'
 RETURNING fence;
 
 -- name: schema_ready
@@ -374,7 +378,7 @@ SET state = $4,
     expires_at = t.now + $6::float8 * interval '1 second',
     request_body = CASE WHEN $4 = 'completed' THEN NULL ELSE request_body END
 FROM t
-WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state = 'in_flight'
+WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state COLLATE "C" = 'in_flight'
 RETURNING fence;
 
 -- name: queue_retry
@@ -391,7 +395,7 @@ SET state = CASE WHEN $7::boolean THEN 'failed' ELSE 'queued' END,
     expires_at = CASE WHEN $7::boolean THEN t.now + $8::float8 * interval '1 second'
                       ELSE expires_at END
 FROM t
-WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state = 'in_flight'
+WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state COLLATE "C" = 'in_flight'
 RETURNING fence;
 
 -- name: queue_reclaim
@@ -403,7 +407,7 @@ SET fence = fence + 1,
     claimed_at = t.now,
     lease_until = t.now + $5::float8 * interval '1 second'
 FROM t
-WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state = 'in_flight'
+WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state COLLATE "C" = 'in_flight'
   AND due_at IS NOT NULL
   -- As a CASE, so that no plan walks receiver_receipts_in_flight by lease instead of the key.
   AND CASE WHEN lease_until <= t.now THEN true ELSE false END
@@ -473,7 +477,7 @@ WITH t AS (SELECT COALESCE(to_timestamp($4::float8), statement_timestamp()) AS n
 UPDATE receiver_receipts
 SET state = 'queued', due_at = t.now, lease_until = t.now
 FROM t
-WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state = 'in_flight'
+WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state COLLATE "C" = 'in_flight'
   AND due_at IS NOT NULL
 RETURNING fence;
 
@@ -554,7 +558,7 @@ FROM unnest($2::text[], $3::text[], $4::int8[], $5::text[], $6::int4[], $7::text
         AS i(provider, webhook_id, fence, state, status, content_type, body, headers)
 CROSS JOIN t
 WHERE r.provider = i.provider AND r.webhook_id = i.webhook_id AND r.fence = i.fence
-  AND r.state = 'in_flight'
+  AND r.state COLLATE "C" = 'in_flight'
 RETURNING r.provider, r.webhook_id, r.fence;
 
 -- name: queue_complete_many
@@ -572,5 +576,5 @@ FROM unnest($2::text[], $3::text[], $4::int8[], $5::text[], $6::float8[])
         AS i(provider, webhook_id, fence, state, win)
 CROSS JOIN t
 WHERE r.provider = i.provider AND r.webhook_id = i.webhook_id AND r.fence = i.fence
-  AND r.state = 'in_flight' AND r.due_at IS NOT NULL
+  AND r.state COLLATE "C" = 'in_flight' AND r.due_at IS NOT NULL
 RETURNING r.provider, r.webhook_id, r.fence;

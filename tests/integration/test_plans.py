@@ -44,16 +44,16 @@ FILL = """
 """
 
 
-@pytest.fixture
-async def never_analyzed(pg_admin_url: str) -> AsyncIterator[asyncpg.Connection]:
-    """A database of its own, migrated and filled, never analyzed."""
+async def _fresh(pg_admin_url: str, fill: bool) -> AsyncIterator[asyncpg.Connection]:
+    """A database of its own, migrated (and filled), never analyzed."""
     name = f"{TEST_DATABASE}_fresh"
     url = await pgcluster.recreate_database(pg_admin_url, name)
     async with PostgresStore(url) as store:
         await store.migrate()
     conn = await asyncpg.connect(url)
     try:
-        await conn.execute(FILL)
+        if fill:
+            await conn.execute(FILL)
         await conn.execute("SET plan_cache_mode = force_generic_plan")
         yield conn
     finally:
@@ -61,7 +61,21 @@ async def never_analyzed(pg_admin_url: str) -> AsyncIterator[asyncpg.Connection]
         await pgcluster.drop_database(pg_admin_url, name)
 
 
-@pytest.fixture(params=["analyzed", "never_analyzed"])
+@pytest.fixture
+async def never_analyzed(pg_admin_url: str) -> AsyncIterator[asyncpg.Connection]:
+    async for conn in _fresh(pg_admin_url, fill=True):
+        yield conn
+
+
+@pytest.fixture
+async def empty(pg_admin_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """Freshly migrated and empty: where asyncpg's first generic plans are made in a new
+    deployment (the benchmark's table at its start)."""
+    async for conn in _fresh(pg_admin_url, fill=False):
+        yield conn
+
+
+@pytest.fixture(params=["analyzed", "never_analyzed", "empty"])
 def planner(request: pytest.FixtureRequest) -> asyncpg.Connection:
     conn: asyncpg.Connection = request.getfixturevalue(request.param)
     return conn
