@@ -8,7 +8,6 @@ the :class:`Outcome` that metrics and logs report.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import enum
 import hashlib
@@ -128,7 +127,11 @@ class _Job:
     claim: Claim
     parsed: Parsed
     handlers: Sequence[Handler]
-    event: Event
+    #: What the handlers' Event carries besides the claim and the payload (the Event itself is
+    #: built once the fence is known, by :func:`_event`).
+    headers: Headers | None
+    timestamp: int | None
+    client: str | None
     #: This process's clock when the delivery arrived: the replay cache's notion of time (the
     #: ledger's own time is the database's, see Store).
     arrived: float
@@ -245,8 +248,9 @@ class Pipeline:
         return reply
 
     def _check_drift(self, job: _Job, reply: Reply) -> None:
-        """Key drift of a fresh claim: known from PostgreSQL's claim statement; for a store
-        whose claim cannot tell (SQLite), checked after the answer is sent."""
+        """Key drift of a fresh claim: known from the claim statement itself (both stores);
+        where the statement cannot tell (the queued mode's batched ingest), checked after the
+        answer is sent."""
         if self.metrics is None:
             return
         key = job.claim.key
@@ -433,17 +437,7 @@ class Pipeline:
             lease,
             provider.window.window,
         )
-        event = Event(
-            provider=provider.name,
-            id=webhook_id,
-            type=parsed.event_type,
-            payload=parsed.payload,
-            body=body,
-            headers=headers if headers is not None else Headers(),
-            timestamp=_datetime(timestamp),
-            client=client,
-        )
-        return _Job(claim, parsed, handlers, event, now)
+        return _Job(claim, parsed, handlers, headers, timestamp, client, now)
 
     def _unavailable(self, exc: StoreUnavailable) -> Reply:
         if isinstance(exc, StoreMisconfigured | StoreReadOnly):
@@ -658,7 +652,7 @@ class Pipeline:
         failure: Exception | None = None
         deferred: StoredResponse | None = None  # a completion left to the batcher
         async with self.store.lazy() as tx:
-            event = _with_fence(job.event, fence, self._extender(tx, key, fence, running))
+            event = _event(job, fence, self._extender(tx, key, fence, running))
             try:
                 # Begun by the handlers' first statement: handlers that never use tx borrow no
                 # connection and cost no BEGIN/COMMIT, and the completion below is then one
@@ -807,7 +801,7 @@ class Pipeline:
                     self.metrics.needs_review(key.provider)
             return Reply(replay(_NEEDS_REVIEW, replayed=False), Outcome.NEEDS_REVIEW, fence)
         async with self.store.lazy() as conn:
-            event = _with_fence(job.event, fence, self._extender(conn, key, fence))
+            event = _event(job, fence, self._extender(conn, key, fence))
             try:
                 results = [await h.reconcile(event) for h in externals if h.reconcile is not None]
             except Exception as exc:
@@ -893,8 +887,21 @@ def _datetime(timestamp: int | None) -> dt.datetime | None:
         return None
 
 
-def _with_fence(event: Event, fence: int, extend: Callable[[float], Any]) -> Event:
-    return dataclasses.replace(event, fence=fence, _extend=extend)
+def _event(job: _Job, fence: int, extend: Callable[[float], Any]) -> Event:
+    """The handlers' view of the delivery, under the attempt's fence."""
+    claim = job.claim
+    return Event(
+        provider=claim.key.provider,
+        id=claim.key.webhook_id,
+        type=job.parsed.event_type,
+        payload=job.parsed.payload,
+        body=claim.body,
+        headers=job.headers if job.headers is not None else Headers(),
+        timestamp=_datetime(job.timestamp),
+        fence=fence,
+        client=job.client,
+        _extend=extend,
+    )
 
 
 def _final(stored: StoredResponse, key: Key) -> StoredResponse:

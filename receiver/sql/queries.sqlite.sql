@@ -3,9 +3,12 @@
 -- "$N". Times are stored as unix seconds (REAL).
 
 -- name: claim
--- The arbiter: one statement. A row back means this caller owns the key with fence 1; no row,
--- that the key exists (the caller looks it up: SQLite has no INSERT inside WITH, and a second
--- statement costs no network round trip here). Key drift is checked separately.
+-- The arbiter: one statement. A row back means this caller owns the key with fence 1, and
+-- whether the same payload is already in the window under another webhook-id (key drift, the
+-- same probe as key_drift: one lookup of the payload-hash index, in the same call to SQLite's
+-- thread rather than one of its own after the answer); no row, that the key exists (the caller
+-- looks it up: SQLite has no INSERT inside WITH, and a second statement costs no network round
+-- trip here).
 -- Time is the database's (?5 NULL: julianday('now'), the same for the whole statement) unless
 -- the store was given a clock; ?6 and ?7 are the lease and the window in seconds.
 INSERT INTO receiver_receipts
@@ -17,7 +20,13 @@ VALUES (?1, ?2, ?3, 'in_flight', 1, ?4,
         COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0) + ?7,
         ?8)
 ON CONFLICT (provider, webhook_id) DO NOTHING
-RETURNING 1 AS claimed, fence, NULL AS drift, claimed_at AS now;
+RETURNING 1 AS claimed, fence, claimed_at AS now,
+    EXISTS (
+        SELECT 1
+        FROM receiver_receipts AS d INDEXED BY receiver_receipts_payload_hash
+        WHERE d.provider = ?1 AND d.payload_hash = ?3 AND d.webhook_id <> ?2
+          AND d.expires_at > COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0)
+    ) AS drift;
 
 -- name: lookup
 SELECT state, fence, payload_hash, event_type,

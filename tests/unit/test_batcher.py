@@ -51,7 +51,7 @@ async def test_items_coalesce_while_every_slot_is_busy() -> None:
 async def test_several_flushes_run_at_once_up_to_the_limit() -> None:
     rec = Recorder()
     rec.gate.clear()
-    batcher = Batcher(rec.flush, max_in_flight=3)
+    batcher = Batcher(rec.flush, max_in_flight=3, min_batch=1)
     tasks = [asyncio.create_task(batcher.submit(i)) for i in range(10)]
     await asyncio.sleep(0.01)
     assert len(rec.batches) == 3  # three in flight, the rest waiting together
@@ -103,6 +103,36 @@ async def test_a_cancelled_caller_does_not_cancel_its_neighbours() -> None:
     assert rec.batches == [[1, 2]] or rec.batches == [[1], [2]]
 
 
+async def test_a_second_flush_starts_beside_the_first_only_for_a_full_enough_batch() -> None:
+    """A few items wait for the flush under way rather than pay a statement of their own; once
+    ``min_batch`` wait, a second flush starts beside it."""
+    rec = Recorder()
+    rec.gate.clear()
+    batcher = Batcher(rec.flush, max_in_flight=3, min_batch=4)
+    tasks = [asyncio.create_task(batcher.submit(i)) for i in range(4)]
+    await asyncio.sleep(0.01)
+    assert rec.batches == [[0]]  # 1, 2, 3 wait: three are fewer than min_batch
+    tasks.append(asyncio.create_task(batcher.submit(4)))
+    await asyncio.sleep(0.01)
+    assert rec.batches == [[0], [1, 2, 3, 4]]
+    tasks += [asyncio.create_task(batcher.submit(i)) for i in range(5, 7)]
+    await asyncio.sleep(0.01)
+    assert len(rec.batches) == 2
+    rec.gate.set()
+    assert await asyncio.gather(*tasks) == [i * 10 for i in range(7)]
+    assert rec.batches[2] == [5, 6]  # taken along when a flush returned: nothing is left behind
+
+
+async def test_when_nothing_is_in_flight_even_one_item_goes_at_once() -> None:
+    rec = Recorder()
+    batcher = Batcher(rec.flush, max_in_flight=4, min_batch=12)
+    for i in range(3):
+        assert await asyncio.wait_for(batcher.submit(i), 1) == i * 10
+    assert rec.batches == [[0], [1], [2]]
+
+
 def test_limits_are_checked() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         Batcher(Recorder().flush, max_in_flight=0)
+    with pytest.raises(ValueError, match="at least 1"):
+        Batcher(Recorder().flush, min_batch=0)
