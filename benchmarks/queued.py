@@ -92,6 +92,9 @@ def _summary(runs: list[load.WrkResult]) -> dict[str, float]:
 async def _enqueue(url: str, count: int, ids: load.Ids, template: load.Template) -> None:
     """Record ``count`` fresh queued deliveries through an in-process queued receiver (signed
     and verified as over HTTP), so that each drain has a backlog of its own."""
+    # benchmarks.app builds the served app from the environment when imported.
+    os.environ.setdefault("BENCH_STORE", url)
+    os.environ.setdefault("BENCH_SECRET", SECRET)
     from .app import build
 
     rx = build(url, SECRET, "noop", None, mode="queued")

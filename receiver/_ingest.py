@@ -22,22 +22,29 @@ from ._ledger import Claim, Key
 from ._store import Store
 
 
-def _future() -> asyncio.Future[bool]:
-    return asyncio.get_running_loop().create_future()
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """What :meth:`Ingest.submit` did with one delivery."""
+
+    #: True if this delivery inserted its receipt; False if the key was already there (the
+    #: caller looks it up and decides, as for any duplicate).
+    inserted: bool
+    #: Key drift of an inserted receipt: its payload is already in the window under another
+    #: webhook-id (reported by the insert statement itself).
+    drift: bool = False
 
 
 @dataclass(slots=True)
 class _Item:
     claim: Claim
-    done: asyncio.Future[bool] = field(
+    done: asyncio.Future[Recorded] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
 
 
 class Ingest:
-    """Batches queued deliveries into the ledger; ``await submit(claim)`` is True if this
-    delivery inserted its receipt, False if the key was already there (the caller looks it up
-    and decides, as for any duplicate)."""
+    """Batches queued deliveries into the ledger: ``await submit(claim)`` says whether this
+    delivery inserted its receipt (:class:`Recorded`)."""
 
     def __init__(
         self,
@@ -63,7 +70,7 @@ class Ingest:
         self.flushes = 0
         self.items = 0
 
-    async def submit(self, claim: Claim) -> bool:
+    async def submit(self, claim: Claim) -> Recorded:
         item = _Item(claim)
         self._pending.append(item)
         self._kick()
@@ -125,11 +132,11 @@ class Ingest:
             won = key in inserted and key not in seen
             seen.add(key)
             if not item.done.done():
-                item.done.set_result(won)
+                item.done.set_result(Recorded(won, won and inserted[key]))
         if inserted and self.on_enqueued is not None:
             self.on_enqueued()
 
-    async def _insert(self, claims: list[Claim]) -> set[Key]:
+    async def _insert(self, claims: list[Claim]) -> dict[Key, bool]:
         async with self.store.acquire() as conn:
             return await queue.enqueue(conn, claims, self.store.now())
 

@@ -248,9 +248,9 @@ class Pipeline:
         return reply
 
     def _check_drift(self, job: _Job, reply: Reply) -> None:
-        """Key drift of a fresh claim: known from the claim statement itself (both stores);
-        where the statement cannot tell (the queued mode's batched ingest), checked after the
-        answer is sent."""
+        """Key drift of a fresh claim or queued receipt: reported by the statement that
+        inserted it (both stores); checked after the answer is sent only where the statement
+        did not say."""
         if self.metrics is None:
             return
         key = job.claim.key
@@ -349,7 +349,9 @@ class Pipeline:
         """Queued mode: record the receipt for the workers (micro-batched) and answer 202; a
         key already in the ledger is decided like any duplicate."""
         claim = job.claim
-        if await self.ingest.submit(claim):
+        recorded = await self.ingest.submit(claim)
+        if recorded.inserted:
+            job.drift = recorded.drift
             self._remember(job, queue.QUEUED)
             return Reply(replay(queue.QUEUED, replayed=False), Outcome.QUEUED, 0)
         async with self.store.acquire() as conn:

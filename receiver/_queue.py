@@ -35,12 +35,15 @@ class Queued:
     window: float
 
 
-async def enqueue(conn: Connection, claims: Sequence[Claim], now: float | None) -> set[Key]:
-    """Insert every claim as a queued receipt; the keys inserted now (a key already in the
-    ledger, or twice in ``claims``, is inserted once at most). PostgreSQL: one statement for
-    the whole batch and at most one NOTIFY; SQLite: one statement each, in one transaction."""
+async def enqueue(
+    conn: Connection, claims: Sequence[Claim], now: float | None
+) -> dict[Key, bool]:
+    """Insert every claim as a queued receipt; the keys inserted now, each with its key drift
+    (a key already in the ledger, or twice in ``claims``, is inserted once at most).
+    PostgreSQL: one statement for the whole batch and at most one NOTIFY; SQLite: one
+    statement each, in one transaction."""
     if not claims:
-        return set()
+        return {}
     if conn.dialect == "postgresql":
         rows = await conn.run_all(
             "enqueue",
@@ -55,8 +58,12 @@ async def enqueue(conn: Connection, claims: Sequence[Claim], now: float | None) 
             QUEUED.body,
         )
         # The row of NULLs says the batch notified the workers.
-        return {Key(r["provider"], r["webhook_id"]) for r in rows if r["provider"] is not None}
-    inserted: set[Key] = set()
+        return {
+            Key(r["provider"], r["webhook_id"]): bool(r["drift"])
+            for r in rows
+            if r["provider"] is not None
+        }
+    inserted: dict[Key, bool] = {}
     async with conn.transaction():
         for c in claims:
             row = await conn.run(
@@ -72,7 +79,7 @@ async def enqueue(conn: Connection, claims: Sequence[Claim], now: float | None) 
                 QUEUED.body,
             )
             if row is not None:
-                inserted.add(c.key)
+                inserted[c.key] = bool(row["drift"])
     return inserted
 
 

@@ -317,9 +317,11 @@ RETURNING fence;
 
 -- name: enqueue
 -- Ingest micro-batching: the whole batch in one statement (arrays, unnest), one autocommit.
--- Only the rows inserted come back; a key already there (or twice in the batch) is a
--- duplicate the caller looks up. One NOTIFY per batch, and none for a batch of duplicates:
--- NOTIFY takes a cluster-wide lock at commit, which would serialise the committers.
+-- Only the rows inserted come back, each with its key drift (the payload already in the window
+-- under another webhook-id, as the claim reports it; rows of this same batch are not seen); a
+-- key already there (or twice in the batch) is a duplicate the caller looks up. One NOTIFY per
+-- batch, and none for a batch of duplicates: NOTIFY takes a cluster-wide lock at commit, which
+-- would serialise the committers.
 WITH t AS (SELECT COALESCE(to_timestamp($6::float8), statement_timestamp()) AS now),
 ins AS (
     INSERT INTO receiver_receipts
@@ -333,14 +335,20 @@ ins AS (
     -- Key order: two batches waiting on each other's keys would otherwise deadlock.
     ORDER BY d.provider, d.webhook_id
     ON CONFLICT (provider, webhook_id) DO NOTHING
-    RETURNING provider, webhook_id
+    RETURNING provider, webhook_id, payload_hash, claimed_at
 ),
 notified AS (
     SELECT pg_notify('receiver_queue', '') AS n WHERE EXISTS (SELECT 1 FROM ins)
 )
-SELECT provider, webhook_id FROM ins
+SELECT i.provider, i.webhook_id,
+       EXISTS (
+           SELECT 1 FROM receiver_receipts d
+           WHERE d.provider = i.provider AND d.payload_hash = i.payload_hash
+             AND d.webhook_id <> i.webhook_id AND d.expires_at > i.claimed_at
+       ) AS drift
+FROM ins i
 UNION ALL
-SELECT NULL, NULL FROM notified;
+SELECT NULL, NULL, NULL FROM notified;
 
 -- name: queue_fetch
 -- A worker takes up to $2 due receipts: locked with SKIP LOCKED (workers never wait on each

@@ -233,7 +233,8 @@ RETURNING fence;
 -- worker process fetches (no SKIP LOCKED needed, none available).
 
 -- name: enqueue
--- One row (PostgreSQL's takes the whole batch as arrays). No NOTIFY on SQLite: workers poll.
+-- One row (PostgreSQL's takes the whole batch as arrays), with its key drift as the claim
+-- reports it. No NOTIFY on SQLite: workers poll.
 INSERT INTO receiver_receipts
     (provider, webhook_id, payload_hash, state, fence, event_type, claimed_at,
      lease_until, expires_at, due_at, request_body,
@@ -245,7 +246,13 @@ VALUES (?1, ?2, ?3, 'queued', 0, ?4,
         COALESCE(?6, (julianday('now') - 2440587.5) * 86400.0),
         ?5, ?7, ?8, ?9)
 ON CONFLICT (provider, webhook_id) DO NOTHING
-RETURNING provider, webhook_id;
+RETURNING provider, webhook_id,
+    EXISTS (
+        SELECT 1
+        FROM receiver_receipts AS d INDEXED BY receiver_receipts_payload_hash
+        WHERE d.provider = ?1 AND d.payload_hash = ?3 AND d.webhook_id <> ?2
+          AND d.expires_at > COALESCE(?6, (julianday('now') - 2440587.5) * 86400.0)
+    ) AS drift;
 
 -- name: queue_fetch
 UPDATE receiver_receipts

@@ -98,7 +98,7 @@ async def test_one_bad_item_never_fails_its_neighbours(pg_store: PostgresStore) 
     async def submit(c: Claim) -> bool | str:
         await barrier.wait()
         try:
-            return await ingest.submit(c)
+            return (await ingest.submit(c)).inserted
         except Exception as exc:
             return type(exc).__name__
 
