@@ -35,9 +35,7 @@ class Queued:
     window: float
 
 
-async def enqueue(
-    conn: Connection, claims: Sequence[Claim], now: float | None
-) -> dict[Key, bool]:
+async def enqueue(conn: Connection, claims: Sequence[Claim], now: float | None) -> dict[Key, bool]:
     """Insert every claim as a queued receipt; the keys inserted now, each with its key drift
     (a key already in the ledger, or twice in ``claims``, is inserted once at most).
     PostgreSQL: one statement for the whole batch and at most one NOTIFY; SQLite: one
