@@ -62,9 +62,9 @@ class Batcher(Generic[In, Out]):
         future: asyncio.Future[Out] = asyncio.get_running_loop().create_future()
         self._pending.append((item, future))
         self._start()
-        # Shielded: a caller that gives up (a client disconnect) must not cancel the flush
-        # that its neighbours wait for; the item's outcome is simply not looked at.
-        return await asyncio.shield(future)
+        # A caller that gives up (a client disconnect) cancels its own future only, never the
+        # flush that its neighbours wait for: the flush skips futures already done.
+        return await future
 
     def _start(self) -> None:
         while self._pending and self._in_flight < self.max_in_flight:

@@ -74,9 +74,9 @@ class Ingest:
         item = _Item(claim)
         self._pending.append(item)
         self._kick()
-        # Shielded: a request cancelled (its client gone) must not cancel the shared flush;
-        # its item is still written, as a sender's retry will expect.
-        return await asyncio.shield(item.done)
+        # A request cancelled (its client gone) cancels its own future only, never the shared
+        # flush: its item is still written, as a sender's retry will expect.
+        return await item.done
 
     def _kick(self) -> None:
         while self._pending and self._flushing < self.max_flushes:
