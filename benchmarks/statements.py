@@ -2,8 +2,9 @@
 
 ``python -m benchmarks.statements`` (``--pg-url``, ``--rows``, ``--repeat``). On a freshly
 migrated database filled with ``--rows`` completed receipts (analyzed, as autovacuum would),
-it claims and completes fresh keys with the library's own statements, a single claim and a
-batch of 16 through ``claim_many``, and prints per delivery: the WAL records and bytes, shared
+it claims fresh keys with the library's own statements, a single claim and a batch of 16
+through ``claim_many``, completes them with the keyed ``complete`` (which batched completions
+pipeline), and prints per delivery: the WAL records and bytes, shared
 buffers hit and dirtied, and the execution time (median of ``--repeat``). Each statement is
 measured twice: with the 1 KiB request body written at the claim and nulled at the completion
 (what the receiver does, so that recovery can run a stale claim again), and without it (what
@@ -52,19 +53,9 @@ def _claim_args(ids: list[str], body: bytes | None) -> list[Any]:
     ]
 
 
-def _complete_args(ids: list[str]) -> list[Any]:
-    n = len(ids)
-    return [
-        None,
-        ["bench"] * n,
-        ids,
-        [1] * n,
-        ["completed"] * n,
-        [200] * n,
-        ["application/json"] * n,
-        [RESPONSE] * n,
-        [None] * n,
-    ]
+def _complete_args(webhook_id: str) -> list[Any]:
+    # The keyed statement: batched completions pipeline it once per receipt.
+    return ["bench", webhook_id, 1, "completed", 200, "application/json", RESPONSE, None, None]
 
 
 async def _explain(conn: asyncpg.Connection, sql: str, args: list[Any]) -> dict[str, float]:
@@ -95,7 +86,8 @@ async def _measure(
         await tx.start()
         try:
             runs["claim"].append(await _explain(conn, Q["claim_many"], _claim_args(ids, body)))
-            runs["complete"].append(await _explain(conn, Q["complete_many"], _complete_args(ids)))
+            each = [await _explain(conn, Q["complete"], _complete_args(i)) for i in ids]
+            runs["complete"].append({k: sum(e[k] for e in each) for k in each[0]})
         finally:
             await tx.rollback()
     return {
@@ -113,7 +105,7 @@ async def _hot(conn: asyncpg.Connection) -> tuple[int, int]:
     before = await conn.fetchrow(counters)
     ids = [f"msg_{uuid.uuid4().hex}" for _ in range(200)]
     await conn.fetch(Q["claim_many"], *_claim_args(ids, BODY))
-    await conn.fetch(Q["complete_many"], *_complete_args(ids))
+    await conn.fetchmany(Q["complete"], [_complete_args(i) for i in ids])
     after = await conn.fetchrow(counters)
     return (
         int(after["n_tup_upd"]) - int(before["n_tup_upd"]),

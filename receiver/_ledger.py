@@ -319,38 +319,28 @@ class Completion:
 async def complete_many(
     conn: Connection, completions: Sequence[Completion], now: float | None
 ) -> list[bool]:
-    """Complete many receipts in one statement (SQLite: one transaction); per completion,
-    False if its fence was stale (the caller raises LeaseLost for it, as :func:`complete`
-    would)."""
-    if conn.dialect != "postgresql":
-        results: list[bool] = []
+    """Complete many receipts at once; per completion, False if its fence was stale (the
+    caller raises LeaseLost for it, as :func:`complete` would). Each is the keyed ``complete``
+    statement: PostgreSQL pipelines them in one round trip, atomically; SQLite runs them in one
+    transaction (one COMMIT)."""
+    args = [
+        (
+            c.key.provider,
+            c.key.webhook_id,
+            c.fence,
+            c.state.value,
+            c.response.status,
+            c.response.content_type,
+            c.response.body,
+            now,
+            encode_headers(c.response.headers),
+        )
+        for c in completions
+    ]
+    if conn.dialect == "postgresql":
+        rows = await conn.run_many("complete", args)
+    else:
         async with conn.transaction():
-            for c in completions:
-                row = await conn.run(
-                    "complete",
-                    c.key.provider,
-                    c.key.webhook_id,
-                    c.fence,
-                    c.state.value,
-                    c.response.status,
-                    c.response.content_type,
-                    c.response.body,
-                    now,
-                    encode_headers(c.response.headers),
-                )
-                results.append(row is not None)
-        return results
-    rows = await conn.run_all(
-        "complete_many",
-        now,
-        [c.key.provider for c in completions],
-        [c.key.webhook_id for c in completions],
-        [c.fence for c in completions],
-        [c.state.value for c in completions],
-        [c.response.status for c in completions],
-        [c.response.content_type for c in completions],
-        [c.response.body for c in completions],
-        [encode_headers(c.response.headers) for c in completions],
-    )
+            rows = await conn.run_many("complete", args)
     done = {(r["provider"], r["webhook_id"], r["fence"]) for r in rows}
     return [(c.key.provider, c.key.webhook_id, c.fence) in done for c in completions]

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import urllib.parse
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import asyncpg
 
 from ._exceptions import StoreMisconfigured, StoreReadOnly, StoreUnavailable
+from ._queries import queries
 from ._store import Connection, Row, Store
 
 # SQLSTATE classes that mean "the database is not there right now", not "your query is wrong":
@@ -109,6 +110,12 @@ class PostgresConnection(Connection):
     async def run_all(self, name: str, *args: Any) -> list[Row]:
         with _classified():
             return await super().run_all(name, *args)
+
+    async def run_many(self, name: str, args: Sequence[Sequence[Any]]) -> list[Row]:
+        # asyncpg's fetchmany: Bind/Execute per argument list and one Sync, in an implicit
+        # transaction (all or nothing), one round trip.
+        with _classified():
+            return list(await self._conn.fetchmany(queries(self.dialect)[name], args))
 
     async def _execute(self, query: str, *args: Any) -> None:
         with _translated():

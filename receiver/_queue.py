@@ -186,32 +186,17 @@ class Done:
 
 
 async def complete_many(conn: Connection, items: Sequence[Done], now: float | None) -> list[bool]:
-    """Finish many queued receipts in one statement (SQLite: one transaction); per item, False
-    if its fence was stale."""
-    if conn.dialect != "postgresql":
-        results: list[bool] = []
+    """Finish many queued receipts at once, as :func:`receiver._ledger.complete_many` completes
+    inline ones (the keyed statement per item, pipelined or in one transaction); per item,
+    False if its fence was stale."""
+    args = [
+        (d.key.provider, d.key.webhook_id, d.fence, d.state.value, now, d.window) for d in items
+    ]
+    if conn.dialect == "postgresql":
+        rows = await conn.run_many("queue_complete", args)
+    else:
         async with conn.transaction():
-            for d in items:
-                row = await conn.run(
-                    "queue_complete",
-                    d.key.provider,
-                    d.key.webhook_id,
-                    d.fence,
-                    d.state.value,
-                    now,
-                    d.window,
-                )
-                results.append(row is not None)
-        return results
-    rows = await conn.run_all(
-        "queue_complete_many",
-        now,
-        [d.key.provider for d in items],
-        [d.key.webhook_id for d in items],
-        [d.fence for d in items],
-        [d.state.value for d in items],
-        [d.window for d in items],
-    )
+            rows = await conn.run_many("queue_complete", args)
     done = {(r["provider"], r["webhook_id"], r["fence"]) for r in rows}
     return [(d.key.provider, d.key.webhook_id, d.fence) in done for d in items]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, ClassVar
 
@@ -136,6 +136,16 @@ class Connection(abc.ABC):
 
     async def run_all(self, name: str, *args: Any) -> list[Row]:
         return await self._fetch(queries(self.dialect)[name], *args)
+
+    async def run_many(self, name: str, args: Sequence[Sequence[Any]]) -> list[Row]:
+        """Run the named statement once per argument list; the rows of every run, in order.
+        Here one after another, in whatever transaction is open; PostgreSQL pipelines them in
+        one round trip, as one atomic unit."""
+        query = queries(self.dialect)[name]
+        rows: list[Row] = []
+        for one in args:
+            rows += await self._fetch(query, *one)
+        return rows
 
 
 class LazyConnection(Connection):

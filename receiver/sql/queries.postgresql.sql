@@ -96,6 +96,10 @@ RETURNING fence;
 -- was empty and never analyzed cannot walk that index and filter by key (it would read every
 -- in-flight entry per delivery, a cost that grows with load); the primary key is the way.
 -- Fenced: zero rows means a newer claim owns the key and the caller must roll back.
+-- Batched completions send this same statement once per receipt, pipelined in one round trip
+-- (asyncpg's fetchmany, atomic): an UPDATE ... FROM unnest(...) joins the ledger by key, and
+-- its generic plan scanned the whole table for every batch (tests/integration/test_plans.py).
+-- The key comes back so that the rows of such a pipeline say which receipts were completed.
 UPDATE receiver_receipts
 SET state = $4,
     response_status = $5,
@@ -105,7 +109,7 @@ SET state = $4,
     completed_at = COALESCE(to_timestamp($8::float8), statement_timestamp()),
     request_body = CASE WHEN $4 = 'completed' THEN NULL ELSE request_body END
 WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state COLLATE "C" = 'in_flight'
-RETURNING fence;
+RETURNING provider, webhook_id, fence;
 
 -- name: release
 -- Fenced: give the key back so that the sender's retry runs the handlers again.
@@ -377,7 +381,7 @@ RETURNING r.provider, r.webhook_id, r.fence, r.payload_hash, r.event_type, r.req
 
 -- name: queue_complete
 -- Fenced, like complete, but the stored answer (the 202) stays: the handlers' result is not
--- the sender's. The window ($6 seconds) starts now.
+-- the sender's. The window ($6 seconds) starts now. Batched like complete (pipelined).
 WITH t AS (SELECT COALESCE(to_timestamp($5::float8), statement_timestamp()) AS now)
 UPDATE receiver_receipts
 SET state = $4,
@@ -387,7 +391,7 @@ SET state = $4,
     request_body = CASE WHEN $4 = 'completed' THEN NULL ELSE request_body END
 FROM t
 WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state COLLATE "C" = 'in_flight'
-RETURNING fence;
+RETURNING provider, webhook_id, fence;
 
 -- name: queue_retry
 -- Fenced: a failed attempt. Due again in $6 seconds, or, after the last attempt ($7 true),
@@ -548,41 +552,3 @@ LEFT JOIN receiver_receipts r
     ON c.fence IS NULL AND r.provider = i.provider AND r.webhook_id = i.webhook_id
 ORDER BY i.n;
 
--- name: complete_many
--- Many fenced completions in one statement (handlers that never touched tx): $1 the time, then
--- one array per column. The keys that come back were completed; a missing one had a stale
--- fence (a newer claim owns it).
-WITH t AS (SELECT COALESCE(to_timestamp($1::float8), statement_timestamp()) AS now)
-UPDATE receiver_receipts r
-SET state = i.state,
-    response_status = i.status,
-    response_content_type = i.content_type,
-    response_body = i.body,
-    response_headers = i.headers,
-    completed_at = t.now,
-    request_body = CASE WHEN i.state = 'completed' THEN NULL ELSE r.request_body END
-FROM unnest($2::text[], $3::text[], $4::int8[], $5::text[], $6::int4[], $7::text[],
-            $8::bytea[], $9::bytea[])
-        AS i(provider, webhook_id, fence, state, status, content_type, body, headers)
-CROSS JOIN t
-WHERE r.provider = i.provider AND r.webhook_id = i.webhook_id AND r.fence = i.fence
-  AND r.state COLLATE "C" = 'in_flight'
-RETURNING r.provider, r.webhook_id, r.fence;
-
--- name: queue_complete_many
--- Many queued completions in one statement (handlers that never touched tx; the micro-batcher):
--- $1 the time, then one array per column. The keys that come back were finished; a missing one
--- had a stale fence. The stored answer (the 202) stays, as in queue_complete.
-WITH t AS (SELECT COALESCE(to_timestamp($1::float8), statement_timestamp()) AS now)
-UPDATE receiver_receipts r
-SET state = i.state,
-    completed_at = t.now,
-    lease_until = t.now,
-    expires_at = t.now + i.win * interval '1 second',
-    request_body = CASE WHEN i.state = 'completed' THEN NULL ELSE r.request_body END
-FROM unnest($2::text[], $3::text[], $4::int8[], $5::text[], $6::float8[])
-        AS i(provider, webhook_id, fence, state, win)
-CROSS JOIN t
-WHERE r.provider = i.provider AND r.webhook_id = i.webhook_id AND r.fence = i.fence
-  AND r.state COLLATE "C" = 'in_flight' AND r.due_at IS NOT NULL
-RETURNING r.provider, r.webhook_id, r.fence;

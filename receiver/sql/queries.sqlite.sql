@@ -77,7 +77,7 @@ SET state = ?4,
     completed_at = COALESCE(?8, (julianday('now') - 2440587.5) * 86400.0),
     request_body = CASE WHEN ?4 = 'completed' THEN NULL ELSE request_body END
 WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
-RETURNING fence;
+RETURNING provider, webhook_id, fence;
 
 -- name: release
 -- Fenced: give the key back so that the sender's retry runs the handlers again.
@@ -278,7 +278,7 @@ SET state = ?4,
     expires_at = COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0) + ?6,
     request_body = CASE WHEN ?4 = 'completed' THEN NULL ELSE request_body END
 WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
-RETURNING fence;
+RETURNING provider, webhook_id, fence;
 
 -- name: queue_retry
 UPDATE receiver_receipts

@@ -13,7 +13,7 @@ def parameters(sql: str) -> set[int]:
 
 # The micro-batcher's statements exist where a store batches (PostgreSQL): they save round
 # trips, and SQLite, in-process with one writer, has none to save.
-BATCH_ONLY = {"claim_many", "complete_many", "queue_complete_many"}
+BATCH_ONLY = {"claim_many"}
 
 
 def test_both_dialects_define_the_same_statements() -> None:
