@@ -7,10 +7,10 @@ no check-then-act anywhere; :func:`decide` only interprets a row the database al
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -178,26 +178,33 @@ async def claim(conn: Connection, c: Claim) -> Claimed | Receipt:
     """
     k = c.key
     for _ in range(3):
-        row = await conn.run(
-            "claim",
-            k.provider,
-            k.webhook_id,
-            c.payload_hash,
-            c.event_type,
-            c.now,
-            c.lease,
-            c.window,
-            c.body,
-        )
+        row = await conn.run("claim", *_claim_args(c, c.now))
         if row is not None and row["claimed"]:
-            drift = row["drift"]
-            return Claimed(int(row["fence"]), row["now"], None if drift is None else bool(drift))
+            return _claimed(row)
         if row is not None:  # PostgreSQL returns the existing receipt in the same statement
             return Receipt.from_row(k, row)
         existing = await lookup(conn, k, c.now)
         if existing is not None:
             return existing
     raise LeaseLost(f"receipt {k.webhook_id!r} kept vanishing while being claimed")
+
+
+def _claimed(row: Row) -> Claimed:
+    drift = row["drift"]
+    return Claimed(int(row["fence"]), row["now"], None if drift is None else bool(drift))
+
+
+def _claim_args(c: Claim, now: float | None) -> tuple[Any, ...]:
+    return (
+        c.key.provider,
+        c.key.webhook_id,
+        c.payload_hash,
+        c.event_type,
+        now,
+        c.lease,
+        c.window,
+        c.body,
+    )
 
 
 async def reclaim(conn: Connection, c: Claim, seen_fence: int) -> int | None:
@@ -276,11 +283,21 @@ async def claim_many(
     in order; None where the caller must look the key up (another claim of the same batch won
     it, or a concurrent one committed after the statement's snapshot).
 
-    PostgreSQL: one statement, one round trip. SQLite: one transaction, one COMMIT (one fsync)
-    for the whole group: SQLite's cost is the sync, not the round trip."""
+    PostgreSQL: one statement, one round trip. SQLite: the keyed claim per key, all in one call
+    to its thread, in the group's transaction (one COMMIT, one fsync, for the whole group);
+    then a lookup of each key that was already there."""
     if conn.dialect != "postgresql":
         async with conn.transaction():
-            return [await claim(conn, dataclasses.replace(c, now=now)) for c in claims]
+            rows = await conn.run_many("claim", [_claim_args(c, now) for c in claims])
+            won = {(r["provider"], r["webhook_id"]): r for r in rows}
+            claimed: list[Claimed | Receipt | None] = []
+            for c in claims:
+                row = won.pop((c.key.provider, c.key.webhook_id), None)
+                if row is None:  # already there (or won by an earlier copy in this batch)
+                    claimed.append(await lookup(conn, c.key, now))
+                else:
+                    claimed.append(_claimed(row))
+            return claimed
     rows = await conn.run_all(
         "claim_many",
         now,
@@ -295,10 +312,7 @@ async def claim_many(
     results: list[Claimed | Receipt | None] = []
     for asked, row in zip(claims, rows, strict=True):
         if row["claimed"]:
-            drift = row["drift"]
-            results.append(
-                Claimed(int(row["fence"]), row["now"], None if drift is None else bool(drift))
-            )
+            results.append(_claimed(row))
         elif row["state"] is None:
             results.append(None)
         else:

@@ -39,7 +39,7 @@ async def enqueue(conn: Connection, claims: Sequence[Claim], now: float | None) 
     """Insert every claim as a queued receipt; the keys inserted now, each with its key drift
     (a key already in the ledger, or twice in ``claims``, is inserted once at most).
     PostgreSQL: one statement for the whole batch and at most one NOTIFY; SQLite: one
-    statement each, in one transaction."""
+    statement each, in one transaction and one call to its thread."""
     if not claims:
         return {}
     if conn.dialect == "postgresql":
@@ -61,24 +61,25 @@ async def enqueue(conn: Connection, claims: Sequence[Claim], now: float | None) 
             for r in rows
             if r["provider"] is not None
         }
-    inserted: dict[Key, bool] = {}
     async with conn.transaction():
-        for c in claims:
-            row = await conn.run(
-                "enqueue",
-                c.key.provider,
-                c.key.webhook_id,
-                c.payload_hash,
-                c.event_type,
-                c.body,
-                now,
-                QUEUED.status,
-                QUEUED.content_type,
-                QUEUED.body,
-            )
-            if row is not None:
-                inserted[c.key] = bool(row["drift"])
-    return inserted
+        rows = await conn.run_many(
+            "enqueue",
+            [
+                (
+                    c.key.provider,
+                    c.key.webhook_id,
+                    c.payload_hash,
+                    c.event_type,
+                    c.body,
+                    now,
+                    QUEUED.status,
+                    QUEUED.content_type,
+                    QUEUED.body,
+                )
+                for c in claims
+            ],
+        )
+    return {Key(r["provider"], r["webhook_id"]): bool(r["drift"]) for r in rows}
 
 
 async def fetch(conn: Connection, now: float | None, limit: int, lease: float) -> list[Row]:

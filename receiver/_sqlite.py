@@ -14,7 +14,7 @@ import functools
 import re
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import aiosqlite
 
 from ._exceptions import StoreUnavailable
 from ._migrations import apply_if_missing
+from ._queries import queries
 from ._store import Connection, Row, Store
 
 # "$1" -> "?1": handlers write PostgreSQL-style placeholders on every store. Only outside string
@@ -156,6 +157,28 @@ class SQLiteConnection(Connection):
             # One hop to aiosqlite's thread (execute, fetch and close the cursor there).
             rows = await self._conn.execute_fetchall(translate(query), args)
         return [dict(zip(row.keys(), tuple(row), strict=True)) for row in rows]
+
+    async def run_many(self, name: str, args: Sequence[Sequence[Any]]) -> list[Row]:
+        """Every run in one call to aiosqlite's thread: each call is a hand-off between the
+        event loop and that thread, which under load costs more than the statement itself
+        (benchmarks/README.md, "The Python side")."""
+        await self._outside()
+        query = translate(queries(self.dialect)[name])
+        conn = self._conn
+
+        def run_all() -> list[Row]:
+            db = conn._conn  # the sqlite3 connection, used on aiosqlite's own thread
+            rows: list[Row] = []
+            for one in args:
+                for row in db.execute(query, tuple(one)).fetchall():
+                    rows.append(dict(zip(row.keys(), tuple(row), strict=True)))
+            return rows
+
+        with _translated():
+            # aiosqlite runs a function on its thread with _execute (what its own methods use);
+            # it has no public equivalent.
+            rows: list[Row] = await conn._execute(run_all)  # type: ignore[no-untyped-call]
+        return rows
 
     @contextlib.asynccontextmanager
     async def _transaction(self) -> AsyncIterator[None]:

@@ -20,7 +20,7 @@ VALUES (?1, ?2, ?3, 'in_flight', 1, ?4,
         COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0) + ?7,
         ?8)
 ON CONFLICT (provider, webhook_id) DO NOTHING
-RETURNING 1 AS claimed, fence, claimed_at AS now,
+RETURNING 1 AS claimed, provider, webhook_id, fence, claimed_at AS now,
     EXISTS (
         SELECT 1
         FROM receiver_receipts AS d INDEXED BY receiver_receipts_payload_hash
