@@ -158,27 +158,55 @@ class SQLiteConnection(Connection):
             rows = await self._conn.execute_fetchall(translate(query), args)
         return [dict(zip(row.keys(), tuple(row), strict=True)) for row in rows]
 
-    async def run_many(self, name: str, args: Sequence[Sequence[Any]]) -> list[Row]:
-        """Every run in one call to aiosqlite's thread: each call is a hand-off between the
-        event loop and that thread, which under load costs more than the statement itself
-        (benchmarks/README.md, "The Python side")."""
-        await self._outside()
-        query = translate(queries(self.dialect)[name])
-        conn = self._conn
+    # The ledger's own statements. Inside a transaction of ours (a group member's savepoint, or
+    # a transaction of this connection's own) they run on the event loop's thread: holding the
+    # write lock they never wait for another writer, and SQLite answers them in microseconds,
+    # far less than a hand-off to aiosqlite's thread and back costs under load (benchmarks/
+    # README.md, "The Python side"). Whatever may wait stays on aiosqlite's thread: BEGIN
+    # IMMEDIATE (another process's write lock, up to busy_timeout), COMMIT (the fsync),
+    # statements outside a transaction, and the handlers' own SQL, which may be slow.
 
-        def run_all() -> list[Row]:
-            db = conn._conn  # the sqlite3 connection, used on aiosqlite's own thread
-            rows: list[Row] = []
+    def _inline(self) -> bool:
+        return self._depth > 0
+
+    def _here(self, query: str, args: Sequence[Sequence[Any]]) -> list[Row]:
+        """Run ``query`` once per argument list, on the calling thread."""
+        db = self._conn._conn  # the sqlite3 connection (aiosqlite has no public accessor)
+        rows: list[Row] = []
+        with _translated():
             for one in args:
                 for row in db.execute(query, tuple(one)).fetchall():
                     rows.append(dict(zip(row.keys(), tuple(row), strict=True)))
-            return rows
+        return rows
 
+    async def run(self, name: str, *args: Any) -> Row | None:
+        rows = await self.run_all(name, *args)
+        return rows[0] if rows else None
+
+    async def run_all(self, name: str, *args: Any) -> list[Row]:
+        if self._inline():
+            return self._here(translate(queries(self.dialect)[name]), [args])
+        return await super().run_all(name, *args)
+
+    async def run_many(self, name: str, args: Sequence[Sequence[Any]]) -> list[Row]:
+        """Every run at once: on the event loop's thread inside a transaction of ours, else in
+        one call to aiosqlite's thread."""
+        query = translate(queries(self.dialect)[name])
+        if self._inline():
+            return self._here(query, args)
+        await self._outside()
         with _translated():
             # aiosqlite runs a function on its thread with _execute (what its own methods use);
             # it has no public equivalent.
-            rows: list[Row] = await conn._execute(run_all)  # type: ignore[no-untyped-call]
+            rows: list[Row] = await self._conn._execute(  # type: ignore[no-untyped-call]
+                self._here, query, args
+            )
         return rows
+
+    def _savepoint(self, statement: str) -> None:
+        """SAVEPOINT, RELEASE or ROLLBACK TO inside a transaction of ours: on this thread."""
+        with _translated():
+            self._conn._conn.execute(statement)
 
     @contextlib.asynccontextmanager
     async def _transaction(self) -> AsyncIterator[None]:
@@ -192,41 +220,46 @@ class SQLiteConnection(Connection):
             if depth == 0
             else (f"SAVEPOINT sp{depth}", f"RELEASE sp{depth}", f"ROLLBACK TO sp{depth}")
         )
-        with _translated():
-            await self._conn.execute(begin)
+        if depth:
+            self._savepoint(begin)
+        else:
+            with _translated():
+                await self._conn.execute(begin)
         self._depth += 1
         try:
             yield
         except BaseException:
             self._depth -= 1
-            with _translated():
-                await self._conn.execute(rollback)
-                if depth:
-                    await self._conn.execute(f"RELEASE sp{depth}")
+            if depth:
+                self._savepoint(rollback)
+                self._savepoint(f"RELEASE sp{depth}")
+            else:
+                with _translated():
+                    await self._conn.execute(rollback)
             raise
         self._depth -= 1
-        with _translated():
-            await self._conn.execute(commit)
+        if depth:
+            self._savepoint(commit)
+        else:
+            with _translated():
+                await self._conn.execute(commit)
 
     @contextlib.asynccontextmanager
     async def _member(self) -> AsyncIterator[None]:
         """This connection's outermost transaction, as a savepoint of the open group."""
         assert self._group is not None
         await self._group.begin(self._conn)
-        with _translated():
-            await self._conn.execute("SAVEPOINT member")
+        self._savepoint("SAVEPOINT member")  # the group's transaction is open: ours
         self._depth = 1
         try:
             yield
         except BaseException:
             self._depth = 0
-            with _translated():
-                await self._conn.execute("ROLLBACK TO member")
-                await self._conn.execute("RELEASE member")
+            self._savepoint("ROLLBACK TO member")
+            self._savepoint("RELEASE member")
             raise
         self._depth = 0
-        with _translated():
-            await self._conn.execute("RELEASE member")
+        self._savepoint("RELEASE member")
         self.pending = self._group.join()
 
 
@@ -279,7 +312,12 @@ class SQLiteStore(Store):
             if self._path != ":memory:" and not directory.is_dir():
                 raise StoreUnavailable(f"SQLite unavailable: directory {directory} does not exist")
             with _translated():
-                conn = await aiosqlite.connect(self._path, isolation_level=None)
+                # check_same_thread=False: the ledger's statements inside a transaction of ours
+                # run on the event loop's thread (SQLiteConnection._inline); the store's lock
+                # keeps every use of the connection one at a time.
+                conn = await aiosqlite.connect(
+                    self._path, isolation_level=None, check_same_thread=False
+                )
                 conn.row_factory = sqlite3.Row
                 await conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
                 await conn.execute("PRAGMA journal_mode = WAL")

@@ -181,6 +181,18 @@ class LazyConnection(Connection):
             )
         return self._conn._raw()
 
+    # The ledger's statements (the fenced completion in the handlers' transaction) go to the
+    # borrowed connection's own run methods, which know how its store runs them best.
+
+    async def run(self, name: str, *args: Any) -> Row | None:
+        return await (await self._borrow()).run(name, *args)
+
+    async def run_all(self, name: str, *args: Any) -> list[Row]:
+        return await (await self._borrow()).run_all(name, *args)
+
+    async def run_many(self, name: str, args: Sequence[Sequence[Any]]) -> list[Row]:
+        return await (await self._borrow()).run_many(name, args)
+
     async def _execute(self, query: str, *args: Any) -> None:
         await (await self._borrow())._execute(query, *args)
 
