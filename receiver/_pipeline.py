@@ -24,7 +24,6 @@ from starlette.responses import Response
 
 from . import _ledger as ledger
 from . import _queue as queue
-from ._batcher import Batcher
 from ._cache import ReplayCache
 from ._events import Event
 from ._exceptions import (
@@ -44,6 +43,7 @@ from ._providers import Provider
 from ._redact import describe, is_driver_error, stack
 from ._responses import IGNORED, encode, error, replay, stored_error
 from ._review import needs_review
+from ._shared import SharedStatements
 from ._store import Connection, Store
 from ._tracing import annotate, handler_span
 
@@ -184,13 +184,9 @@ class Pipeline:
         self.ingest = Ingest(store)
         #: Completions of queued receipts, batched where the store batches.
         self._queue_done = queue.Completions(store)
-        # Stores that batch (PostgreSQL) share one statement among concurrent claims, and
-        # among the completions of handlers that never touched tx (receiver/_batcher.py).
-        self._claims: Batcher[Claim, ledger.Claimed | Receipt | None] | None = None
-        self._completions: Batcher[ledger.Completion, bool] | None = None
-        if store.batch_flushes:
-            self._claims = Batcher(self._flush_claims, max_in_flight=store.batch_flushes)
-            self._completions = Batcher(self._flush_completions, max_in_flight=store.batch_flushes)
+        #: Claims, and completions of handlers that never touched tx, shared among concurrent
+        #: deliveries where the store batches (receiver/_shared.py).
+        self.shared = SharedStatements(store)
 
     async def deliver(
         self, provider: Provider, headers: Headers, body: bytes, client: str | None = None
@@ -382,7 +378,7 @@ class Pipeline:
         """:meth:`_complete`, or for a queued receipt the queue's completion (which keeps the
         stored 202), batched like :meth:`_complete` where the store batches."""
         if job.queued is None:
-            await self._complete(job.claim.key, fence, stored, state)
+            await self.shared.complete(job.claim.key, fence, stored, state)
             return
         await self._queue_done.complete(job.claim.key, fence, state, job.queued.window)
 
@@ -458,7 +454,7 @@ class Pipeline:
         claim = job.claim
         key = claim.key
         for _ in range(3):
-            got = await self._claim(claim)
+            got = await self.shared.claim(claim)
             if isinstance(got, ledger.Claimed):
                 job.drift = got.drift
                 fence: int | None = got.fence
@@ -530,84 +526,6 @@ class Pipeline:
             {"retry-after": str(min(wait, self.retry_after))},
         )
         return Reply(response, Outcome.IN_FLIGHT, fence)
-
-    async def _complete(
-        self, key: Key, fence: int, stored: StoredResponse, state: State = State.COMPLETED
-    ) -> None:
-        """Complete a receipt whose handlers wrote nothing: one autocommitted statement, or
-        one place in the batcher's next statement. LeaseLost if the fence is stale."""
-        if self._completions is None:
-            async with self.store.acquire() as conn:
-                await ledger.complete(conn, key, fence, stored, self.store.now(), state=state)
-            return
-        if not await self._completions.submit(ledger.Completion(key, fence, stored, state)):
-            raise LeaseLost(f"fence {fence} of {key.provider}/{key.webhook_id} is stale")
-
-    async def _claim(self, claim: Claim) -> ledger.Claimed | Receipt:
-        """Claim the key: one statement of its own, or one place in the batcher's next."""
-        if self._claims is None:
-            async with self.store.acquire() as conn:
-                return await ledger.claim(conn, claim)
-        for _ in range(3):
-            got = await self._claims.submit(claim)
-            if got is not None:
-                return got
-            # Another claim of the same batch won the key, or a concurrent one committed just
-            # after the batch's snapshot: the row is there now.
-            async with self.store.acquire() as conn:
-                existing = await ledger.lookup(conn, claim.key, claim.now)
-            if existing is not None:
-                return existing
-        raise LeaseLost(f"receipt {claim.key.webhook_id!r} kept vanishing while being claimed")
-
-    async def _flush_claims(
-        self, claims: Sequence[Claim]
-    ) -> Sequence[ledger.Claimed | Receipt | BaseException | None]:
-        async with self.store.acquire() as conn:
-            try:
-                return await ledger.claim_many(conn, claims, self.store.now())
-            except StoreUnavailable:
-                raise
-            except Exception:
-                if len(claims) == 1:
-                    raise
-                logger.exception("batched claim failed; claiming one by one")
-            # One item's problem never fails its neighbours.
-            results: list[ledger.Claimed | Receipt | BaseException | None] = []
-            for claim in claims:
-                try:
-                    results.append(await ledger.claim(conn, claim))
-                except StoreUnavailable:
-                    raise
-                except Exception as exc:
-                    results.append(exc)
-            return results
-
-    async def _flush_completions(
-        self, completions: Sequence[ledger.Completion]
-    ) -> Sequence[bool | BaseException]:
-        async with self.store.acquire() as conn:
-            try:
-                return await ledger.complete_many(conn, completions, self.store.now())
-            except StoreUnavailable:
-                raise
-            except Exception:
-                if len(completions) == 1:
-                    raise
-                logger.exception("batched completion failed; completing one by one")
-            results: list[bool | BaseException] = []
-            for c in completions:
-                try:
-                    now = self.store.now()
-                    await ledger.complete(conn, c.key, c.fence, c.response, now, state=c.state)
-                    results.append(True)
-                except LeaseLost:
-                    results.append(False)
-                except StoreUnavailable:
-                    raise
-                except Exception as exc:
-                    results.append(exc)
-            return results
 
     async def _run(
         self,

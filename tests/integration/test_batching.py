@@ -119,7 +119,7 @@ async def test_concurrent_deliveries_share_statements_and_each_runs_once(pg_url:
         assert all(n == 1 for n in runs.values())
         assert len(runs) == 60
         assert await effects(store) == 30
-        claims = rx.pipeline._claims
+        claims = rx.pipeline.shared.claims
         assert claims is not None
         assert max(claims.sizes) > 1  # claims did share statements
         assert len(claims.sizes) < len(deliveries) / 10  # far fewer statements than claims
@@ -131,6 +131,6 @@ async def test_one_bad_claim_does_not_fail_its_neighbours(pg_store: PostgresStor
     # An event type PostgreSQL cannot store (NUL): the batch statement fails, then each claim
     # is tried alone, and only the bad one fails.
     bad = Claim(Key(PROVIDER, "bad"), b"h" * 32, "x\x00y", b"{}", None, 60, 3600)
-    results = await rx.pipeline._flush_claims([*good[:2], bad, *good[2:]])
+    results = await rx.pipeline.shared.flush_claims([*good[:2], bad, *good[2:]])
     assert isinstance(results[2], Exception)
     assert all(isinstance(r, ledger.Claimed) for i, r in enumerate(results) if i != 2)
