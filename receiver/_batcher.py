@@ -5,8 +5,9 @@ sixteen claims in one ``INSERT ... SELECT ... FROM unnest(...)`` cost barely mor
 :class:`Batcher` gathers what concurrent deliveries submit and hands it to a ``flush`` function
 as one list.
 
-- A flush starts at once when a flush slot is free, so a lone delivery waits for nothing: at low
-  load every batch has one item and the latency is one statement's.
+- A flush starts at once when none is under way, in the submitting caller's own task, so a lone
+  delivery waits for nothing: at low load every batch has one item and the latency is one
+  statement's.
 - While a flush is in flight, submissions accumulate. Another flush starts beside it (up to
   ``max_in_flight``, each on its own connection) only once ``min_batch`` of them wait;
   otherwise they go, up to ``max_size`` at a time, when a flush returns. The busier the store,
@@ -60,6 +61,12 @@ class Batcher(Generic[In, Out]):
     async def submit(self, item: In) -> Out:
         """Queue ``item`` for the next flush and wait for its own result."""
         future: asyncio.Future[Out] = asyncio.get_running_loop().create_future()
+        if not self._in_flight and not self._pending:
+            # Idle: this item alone, flushed at once in the caller's own task (no task to
+            # create and schedule: the latency at low load is the statement's own).
+            self._in_flight += 1
+            await self._run([(item, future)])
+            return future.result()
         self._pending.append((item, future))
         self._start()
         # A caller that gives up (a client disconnect) cancels its own future only, never the
@@ -88,8 +95,12 @@ class Batcher(Generic[In, Out]):
                     )
             except BaseException as exc:  # the whole batch failed (store unavailable, ...)
                 for _, future in batch:
-                    if not future.done():
+                    if future.done():
+                        continue
+                    if isinstance(exc, Exception):
                         future.set_exception(exc)
+                    else:  # cancelled (the caller that ran it alone, or shutting down)
+                        future.cancel()
                 if not isinstance(exc, Exception):
                     raise
                 return

@@ -32,6 +32,20 @@ async def test_a_lone_item_is_flushed_at_once() -> None:
     assert rec.batches == [[1]]
 
 
+async def test_an_idle_batchers_flush_runs_in_the_callers_own_task() -> None:
+    """At low load no task is created per flush: the latency is the statement's own."""
+    tasks: list[asyncio.Task[object] | None] = []
+
+    async def flush(items: Sequence[int]) -> Sequence[int]:
+        tasks.append(asyncio.current_task())
+        return list(items)
+
+    batcher = Batcher(flush)
+    caller = asyncio.create_task(batcher.submit(7))
+    assert await caller == 7
+    assert tasks == [caller]
+
+
 async def test_items_coalesce_while_every_slot_is_busy() -> None:
     rec = Recorder()
     rec.gate.clear()
