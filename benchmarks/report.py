@@ -79,6 +79,24 @@ def against_hand(scenarios: list[dict[str, Any]]) -> str:
     return head + "\n" + "\n".join(lines)
 
 
+def per_statement(scenarios: list[dict[str, Any]]) -> str:
+    """What each statement cost PostgreSQL per answered request (pg_stat_statements)."""
+    lines = []
+    for s in scenarios:
+        for name, f in (s.get("statements_per_request") or {}).items():
+            lines.append(
+                f"| {s['name']} | {name} | {f['calls']:.2f} | {f['exec_us']:,.1f} "
+                f"| {f['wal_bytes']:,.0f} | {f['blocks']:.1f} |"
+            )
+    if not lines:
+        return ""
+    head = (
+        "| scenario | statement | calls | exec us | WAL bytes | buffers |\n"
+        "|---|---|---|---|---|---|"
+    )
+    return head + "\n" + "\n".join(lines)
+
+
 def markdown(scenarios: list[dict[str, Any]]) -> str:
     """The same table in Markdown, for the README."""
     header = [c[0] for c in COLUMNS]

@@ -384,6 +384,35 @@ def _per_answer(before: dict[str, int], after: dict[str, int], answers: int) -> 
     }
 
 
+def _statements(target: Any) -> dict[str, dict[str, float]] | None:
+    return target.statements() if isinstance(target, PostgresTarget) else None
+
+
+def _statements_per_answer(
+    before: dict[str, dict[str, float]] | None,
+    after: dict[str, dict[str, float]] | None,
+    answers: int,
+) -> dict[str, dict[str, float]] | None:
+    """What each statement cost PostgreSQL per answered request over the scenario's runs
+    (warm-up included): calls, execution microseconds, WAL bytes, buffers."""
+    if before is None or after is None:
+        return None
+    per: dict[str, dict[str, float]] = {}
+    n = max(1, answers)
+    for name, now in after.items():
+        was = before.get(name, {})
+        calls = now["calls"] - was.get("calls", 0)
+        if calls / n < 0.01:  # the runner's own queries, start-up, the sweeper's rare passes
+            continue
+        per[name] = {
+            "calls": round(calls / n, 3),
+            "exec_us": round((now["exec_ms"] - was.get("exec_ms", 0.0)) * 1000 / n, 1),
+            "wal_bytes": round((now["wal_bytes"] - was.get("wal_bytes", 0)) / n),
+            "blocks": round((now["blocks"] - was.get("blocks", 0)) / n, 1),
+        }
+    return dict(sorted(per.items(), key=lambda kv: -kv[1]["exec_us"]))
+
+
 def _index_warnings(per_request: dict[str, float], verdict: checks.Verdict) -> None:
     """A delivery touches a handful of index entries; hundreds mean a plan walks an index."""
     for key, value in per_request.items():
@@ -472,6 +501,7 @@ def run_scenario(bench: Bench, scenario: Scenario, store: str) -> dict[str, Any]
     bare = bench.bare(scenario.workers)
     scene = Scene(bench, scenario, target)
     stats_before = target.stats()
+    statements_before = _statements(target)
     rx_runs: list[Run] = []
     bare_runs: list[Run] = []
     with bench.receiver(target, scenario, scene.invocations) as server:
@@ -483,6 +513,9 @@ def run_scenario(bench: Bench, scenario: Scenario, store: str) -> dict[str, Any]
         rss, hwm = server.memory_kib()
     verdict = scene.verdict()
     stats_after = target.stats()
+    statements = _statements_per_answer(
+        statements_before, _statements(target), verdict.counts["answers"]
+    )
     hands = references(bench, scenario, target, bare)
     answers = verdict.counts["answers"]
     db_per_request = _per_answer(stats_before, stats_after, answers)
@@ -516,6 +549,8 @@ def run_scenario(bench: Bench, scenario: Scenario, store: str) -> dict[str, Any]
         "memory": {"server_rss_kib": rss, "server_peak_rss_kib": hwm},
         # PostgreSQL's counters over every run of the scenario, per answered request
         "db_per_request": db_per_request,
+        # pg_stat_statements per statement, per answered request (where the server loads it)
+        "statements_per_request": statements,
         "seeded_ids": len(scene.seeded),
         "checks": {
             "failures": verdict.failures,
@@ -936,8 +971,12 @@ def run(args: argparse.Namespace) -> int:
             hand = report.against_hand(result["scenarios"])
             if hand:
                 _say("\nagainst the hand-written receivers (same run):\n" + hand)
+            statements = report.per_statement(result["scenarios"])
+            if statements:
+                _say("\nPostgreSQL per answered request, by statement (pg_stat_statements):\n")
+                _say(statements)
             (args.out / "latest.md").write_text(
-                report.markdown(result["scenarios"]) + "\n\n" + hand + "\n"
+                report.markdown(result["scenarios"]) + "\n\n" + hand + "\n\n" + statements + "\n"
             )
             _say(f"wrote {args.out / 'latest.json'}, latest.png, latest.md")
             return _finish(bench, started)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import re
 import sqlite3
 import urllib.parse
 from dataclasses import dataclass
@@ -17,8 +18,26 @@ from pathlib import Path
 import asyncpg
 
 from receiver import PostgresStore, SQLiteStore, Store
+from receiver._queries import queries
 
 from .business import BUSINESS_DDL, BUSINESS_TABLE, PROVIDER
+
+_CONSTANT = re.compile(
+    r"'(?:[^']|'')*'|\$\d+|\b\d+(?:\.\d+)?\b|\b(?:NULL|true|false)\b", re.IGNORECASE
+)
+
+
+def _normal(sql: str) -> str:
+    """A statement as pg_stat_statements keeps it, comparable with the library's text: the
+    comment lines before it dropped, constants and parameters alike as ``?`` (it replaces
+    constants with parameters), whitespace collapsed."""
+    lines = sql.strip().splitlines()
+    while lines and lines[0].lstrip().startswith("--"):
+        lines.pop(0)
+    text = "\n".join(line.split("--", 1)[0] for line in lines)
+    # extract(epoch FROM ...): the field name is a constant to PostgreSQL too
+    text = _CONSTANT.sub("?", re.sub(r"extract\(\s*epoch\b", "extract(?", text, flags=re.I))
+    return " ".join(text.split()).rstrip(";").strip()
 
 
 @dataclass
@@ -93,6 +112,41 @@ class PostgresTarget:
         if heap is not None:
             stats["seq_tup_read:receiver_receipts"] = int(heap["seq_tup_read"] or 0)
         return stats
+
+    def statements(self) -> dict[str, dict[str, float]] | None:
+        """pg_stat_statements for this database, by ledger statement name (other statements by
+        the start of their text): calls, execution time, WAL bytes, buffers and rows. None when
+        the server does not load the extension (``shared_preload_libraries``)."""
+        return asyncio.run(self._statements())
+
+    async def _statements(self) -> dict[str, dict[str, float]] | None:
+        conn = await asyncpg.connect(self.url)
+        try:
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            rows = await conn.fetch(
+                "SELECT query, calls, total_exec_time, wal_bytes,"
+                " shared_blks_hit + shared_blks_read AS blocks, rows"
+                " FROM pg_stat_statements WHERE dbid ="
+                " (SELECT oid FROM pg_database WHERE datname = current_database())"
+            )
+        except asyncpg.PostgresError:
+            return None
+        finally:
+            await conn.close()
+        names = {_normal(sql): name for name, sql in queries("postgresql").items()}
+        found: dict[str, dict[str, float]] = {}
+        for r in rows:
+            text = _normal(r["query"])
+            name = names.get(text, text[:48])
+            entry = found.setdefault(
+                name, {"calls": 0, "exec_ms": 0.0, "wal_bytes": 0, "blocks": 0, "rows": 0}
+            )
+            entry["calls"] += int(r["calls"])
+            entry["exec_ms"] += float(r["total_exec_time"])
+            entry["wal_bytes"] += int(r["wal_bytes"])
+            entry["blocks"] += int(r["blocks"])
+            entry["rows"] += int(r["rows"])
+        return found
 
     async def _prepare(self) -> None:
         admin = await asyncpg.connect(self._admin)
