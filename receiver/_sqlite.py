@@ -13,7 +13,6 @@ import contextlib
 import functools
 import re
 import sqlite3
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import aiosqlite
 
 from ._exceptions import StoreUnavailable
+from ._group_commit import GroupCommit, translated
 from ._migrations import apply_if_missing
 from ._queries import queries
 from ._store import Connection, Row, Store
@@ -49,88 +49,10 @@ def translate(query: str) -> str:
     return _TOKENS.sub(_placeholder, query) if "$" in query else query
 
 
-def _is_unavailable(exc: sqlite3.Error) -> bool:
-    message = str(exc).lower()
-    return isinstance(exc, sqlite3.OperationalError) and (
-        "locked" in message or "busy" in message or "unable to open" in message
-    )
-
-
-@contextlib.contextmanager
-def _translated() -> Any:
-    try:
-        yield
-    except sqlite3.Error as exc:
-        if _is_unavailable(exc):
-            raise StoreUnavailable(f"SQLite unavailable: {exc}") from exc
-        raise
-
-
-class _Group:
-    """Group commit: the transactions of several deliveries, each in a SAVEPOINT of one open
-    transaction, made durable by one COMMIT (one fsync under synchronous=FULL).
-
-    A member's savepoint is released when its work succeeds (a failure rolls back its own
-    savepoint only); the member then waits, outside the store's lock, for the COMMIT that makes
-    it durable, and only then is its answer sent. The group is committed when nobody else is
-    waiting for the connection, when it has ``max_members``, when it is older than
-    ``max_age`` seconds, or before any statement outside a transaction runs (so that an
-    autocommitted statement never lands in someone else's uncommitted transaction).
-    """
-
-    def __init__(self, max_members: int = 64, max_age: float = 0.05) -> None:
-        self.max_members = max_members
-        self.max_age = max_age
-        self.open = False
-        self.opened_at = 0.0
-        self.members: list[asyncio.Future[None]] = []
-        self.sizes: list[int] = []  # members per COMMIT, for tests and the benchmark
-
-    async def begin(self, conn: aiosqlite.Connection) -> None:
-        if not self.open:
-            with _translated():
-                await conn.execute("BEGIN IMMEDIATE")
-            self.open, self.opened_at = True, time.monotonic()
-
-    def join(self) -> asyncio.Future[None]:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.members.append(future)
-        return future
-
-    def due(self, waiting: int) -> bool:
-        return self.open and (
-            waiting == 0
-            or len(self.members) >= self.max_members
-            or time.monotonic() - self.opened_at >= self.max_age
-        )
-
-    async def commit(self, conn: aiosqlite.Connection) -> None:
-        if not self.open:
-            return
-        members, self.members, self.open = self.members, [], False
-        if len(self.sizes) < 100_000:
-            self.sizes.append(len(members))
-        try:
-            with _translated():
-                await conn.execute("COMMIT")
-        except BaseException as exc:
-            with contextlib.suppress(Exception):
-                await conn.execute("ROLLBACK")
-            for future in members:
-                if not future.done():
-                    future.set_exception(
-                        exc if isinstance(exc, Exception) else StoreUnavailable("commit failed")
-                    )
-            raise
-        for future in members:
-            if not future.done():
-                future.set_result(None)
-
-
 class SQLiteConnection(Connection):
     dialect = "sqlite"
 
-    def __init__(self, conn: aiosqlite.Connection, group: _Group | None = None) -> None:
+    def __init__(self, conn: aiosqlite.Connection, group: GroupCommit | None = None) -> None:
         super().__init__()
         self._conn = conn
         self._depth = 0
@@ -148,12 +70,12 @@ class SQLiteConnection(Connection):
 
     async def _execute(self, query: str, *args: Any) -> None:
         await self._outside()
-        with _translated():
+        with translated():
             await self._conn.execute(translate(query), args)
 
     async def _fetch(self, query: str, *args: Any) -> list[Row]:
         await self._outside()
-        with _translated():
+        with translated():
             # One hop to aiosqlite's thread (execute, fetch and close the cursor there).
             rows = await self._conn.execute_fetchall(translate(query), args)
         return [dict(zip(row.keys(), tuple(row), strict=True)) for row in rows]
@@ -173,7 +95,7 @@ class SQLiteConnection(Connection):
         """Run ``query`` once per argument list, on the calling thread."""
         db = self._conn._conn  # the sqlite3 connection (aiosqlite has no public accessor)
         rows: list[Row] = []
-        with _translated():
+        with translated():
             for one in args:
                 for row in db.execute(query, tuple(one)).fetchall():
                     rows.append(dict(zip(row.keys(), tuple(row), strict=True)))
@@ -195,7 +117,7 @@ class SQLiteConnection(Connection):
         if self._inline():
             return self._here(query, args)
         await self._outside()
-        with _translated():
+        with translated():
             # aiosqlite runs a function on its thread with _execute (what its own methods use);
             # it has no public equivalent.
             rows: list[Row] = await self._conn._execute(  # type: ignore[no-untyped-call]
@@ -205,7 +127,7 @@ class SQLiteConnection(Connection):
 
     def _savepoint(self, statement: str) -> None:
         """SAVEPOINT, RELEASE or ROLLBACK TO inside a transaction of ours: on this thread."""
-        with _translated():
+        with translated():
             self._conn._conn.execute(statement)
 
     @contextlib.asynccontextmanager
@@ -223,7 +145,7 @@ class SQLiteConnection(Connection):
         if depth:
             self._savepoint(begin)
         else:
-            with _translated():
+            with translated():
                 await self._conn.execute(begin)
         self._depth += 1
         try:
@@ -234,14 +156,14 @@ class SQLiteConnection(Connection):
                 self._savepoint(rollback)
                 self._savepoint(f"RELEASE sp{depth}")
             else:
-                with _translated():
+                with translated():
                     await self._conn.execute(rollback)
             raise
         self._depth -= 1
         if depth:
             self._savepoint(commit)
         else:
-            with _translated():
+            with translated():
                 await self._conn.execute(commit)
 
     @contextlib.asynccontextmanager
@@ -288,7 +210,7 @@ class SQLiteStore(Store):
         # Group commit: concurrent claims, and the completions of handlers that never touched
         # tx, share one transaction and one COMMIT (one fsync under synchronous=FULL).
         self.batch_flushes = 1 if group_commit else 0
-        self._group = _Group() if group_commit else None
+        self._group = GroupCommit() if group_commit else None
         self._waiting = 0  # deliveries waiting for the connection (the group's commit rule)
         self._flusher: asyncio.Task[None] | None = None
         self._path = str(path)
@@ -311,7 +233,7 @@ class SQLiteStore(Store):
             directory = Path(self._path).parent
             if self._path != ":memory:" and not directory.is_dir():
                 raise StoreUnavailable(f"SQLite unavailable: directory {directory} does not exist")
-            with _translated():
+            with translated():
                 # check_same_thread=False: the ledger's statements inside a transaction of ours
                 # run on the event loop's thread (SQLiteConnection._inline); the store's lock
                 # keeps every use of the connection one at a time.
