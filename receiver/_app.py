@@ -355,9 +355,6 @@ class Receiver:
         if found is None:
             return error(404, "unknown_provider", f"no provider named {provider!r}")
         reply = await self._traced(found, Headers(headers=dict(headers)), body)
-        if reply.response.background is not None:  # the key drift check: no HTTP to run it after
-            await reply.response.background()
-            reply.response.background = None
         return reply.response
 
     async def _endpoint(self, request: Request) -> Response:

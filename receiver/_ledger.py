@@ -166,8 +166,8 @@ class Claimed:
 
     fence: int
     now: float
-    #: The same payload is already in the window under another webhook-id (None: not checked).
-    drift: bool | None
+    #: The same payload is already in the window under another webhook-id (key drift).
+    drift: bool
 
 
 async def claim(conn: Connection, c: Claim) -> Claimed | Receipt:
@@ -190,8 +190,7 @@ async def claim(conn: Connection, c: Claim) -> Claimed | Receipt:
 
 
 def _claimed(row: Row) -> Claimed:
-    drift = row["drift"]
-    return Claimed(int(row["fence"]), row["now"], None if drift is None else bool(drift))
+    return Claimed(int(row["fence"]), row["now"], bool(row["drift"]))
 
 
 def _claim_args(c: Claim, now: float | None) -> tuple[Any, ...]:

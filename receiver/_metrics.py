@@ -369,25 +369,6 @@ class Metrics:
     def swept(self, provider: str, result: str) -> None:
         self.stale_leases.labels(provider, result).inc()
 
-    async def check_drift(
-        self,
-        store: Store,
-        provider: str,
-        webhook_id: str,
-        payload_hash: bytes,
-        now: float | None,
-    ) -> None:
-        """Key drift: count a freshly claimed delivery whose payload is already in the ledger
-        under another webhook-id (one indexed lookup, run after the answer is sent)."""
-        try:
-            async with store.acquire() as conn:
-                found = await conn.run("key_drift", provider, payload_hash, webhook_id, now)
-        except Exception as exc:  # only a metric: never fail or delay a delivery for it
-            logger.debug("metrics: key drift check failed (%s)", type(exc).__name__)
-            return
-        if found is not None:
-            self.drifted(provider, webhook_id)
-
     def drifted(self, provider: str, webhook_id: str) -> None:
         """A fresh delivery's payload is already in the ledger under another webhook-id."""
         self.key_drift.labels(provider).inc()

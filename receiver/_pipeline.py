@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.background import BackgroundTask
 from starlette.datastructures import Headers
 from starlette.responses import Response
 
@@ -79,10 +78,6 @@ class Reply:
     detail: str | None = None  # the failed check of a rejection
 
 
-# Outcomes of a delivery that claimed its key just now (with fence 1): checked for key drift.
-_FRESH = frozenset({Outcome.EXECUTED, Outcome.IGNORED, Outcome.HANDLER_FAILED})
-
-
 class RunAgain:
     """Returned by a ``reconcile`` function: the external effect did not happen, run the
     handlers again."""
@@ -135,9 +130,9 @@ class _Job:
     #: This process's clock when the delivery arrived: the replay cache's notion of time (the
     #: ledger's own time is the database's, see Store).
     arrived: float
-    #: Set by a fresh claim: the payload is already in the window under another webhook-id
-    #: (None: the store did not check, see :meth:`Pipeline.deliver`).
-    drift: bool | None = None
+    #: Set by a fresh claim or queued insert: the payload is already in the window under
+    #: another webhook-id.
+    drift: bool = False
     #: Set when a worker runs a queued receipt: it is finished, retried or failed by the
     #: queue's statements, which keep the sender's stored 202 (receiver/_queue.py).
     queued: queue.Queued | None = None
@@ -240,30 +235,14 @@ class Pipeline:
             except StoreUnavailable as exc:
                 reply = self._unavailable(exc)
         self._report(provider.name, key.webhook_id, job.parsed.event_type, reply, started, headers)
-        self._check_drift(job, reply)
+        self._check_drift(job)
         return reply
 
-    def _check_drift(self, job: _Job, reply: Reply) -> None:
-        """Key drift of a fresh claim or queued receipt: reported by the statement that
-        inserted it (both stores); checked after the answer is sent only where the statement
-        did not say."""
-        if self.metrics is None:
-            return
-        key = job.claim.key
-        if job.drift:
-            self.metrics.drifted(key.provider, key.webhook_id)
-        elif job.drift is None and (
-            (reply.fence == 1 and reply.outcome in _FRESH)
-            or (reply.fence == 0 and reply.outcome is Outcome.QUEUED)  # a fresh queued receipt
-        ):
-            reply.response.background = BackgroundTask(
-                self.metrics.check_drift,
-                self.store,
-                key.provider,
-                key.webhook_id,
-                job.parsed.payload_hash,
-                self.store.now(),
-            )
+    def _check_drift(self, job: _Job) -> None:
+        """Key drift of a fresh claim or queued receipt, as the statement that inserted it
+        reported it (both stores, inline and queued)."""
+        if self.metrics is not None and job.drift:
+            self.metrics.drifted(job.claim.key.provider, job.claim.key.webhook_id)
 
     def refused(self, provider: str, headers: Headers, response: Response, check: str) -> Reply:
         """Report a delivery refused before verification (too large, unreadable)."""

@@ -290,15 +290,6 @@ CROSS JOIN LATERAL (
       AND s.attname = 'provider'
 ) mcv;
 
--- name: key_drift
--- Key drift: the same payload already received under another webhook-id, still in its window
--- (a sender that regenerates ids on retry defeats dedup). Uses the (payload_hash, provider) index.
-SELECT 1 AS found
-FROM receiver_receipts
-WHERE provider = $1 AND payload_hash = $2 AND webhook_id <> $3
-  AND expires_at > COALESCE(to_timestamp($4::float8), statement_timestamp())
-LIMIT 1;
-
 -- name: reopen
 -- Dead-letter replay: give a failed receipt back (fenced), so that the replay reclaims it with
 -- the next fence exactly as a sender's retry of a released receipt would.

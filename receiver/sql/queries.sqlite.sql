@@ -4,11 +4,11 @@
 
 -- name: claim
 -- The arbiter: one statement. A row back means this caller owns the key with fence 1, and
--- whether the same payload is already in the window under another webhook-id (key drift, the
--- same probe as key_drift: one lookup of the payload-hash index, in the same call to SQLite's
--- thread rather than one of its own after the answer); no row, that the key exists (the caller
--- looks it up: SQLite has no INSERT inside WITH, and a second statement costs no network round
--- trip here).
+-- whether the same payload is already in the window under another webhook-id (key drift: a
+-- sender that regenerates ids on retry defeats dedup; one lookup of the payload-hash index,
+-- named because without statistics SQLite would walk the primary key by provider); no row,
+-- that the key exists (the caller looks it up: SQLite has no INSERT inside WITH, and a second
+-- statement costs no network round trip here).
 -- Time is the database's (?5 NULL: julianday('now'), the same for the whole statement) unless
 -- the store was given a clock; ?6 and ?7 are the lease and the window in seconds.
 INSERT INTO receiver_receipts
@@ -203,16 +203,6 @@ GROUP BY provider, state;
 -- name: estimate_by_provider
 -- SQLite keeps no row estimates: no rows, so the receipts are counted exactly.
 SELECT NULL AS provider, NULL AS n, NULL AS total WHERE 0;
-
--- name: key_drift
--- Key drift: the same payload already received under another webhook-id, still in its window
--- (a sender that regenerates ids on retry defeats dedup). Without statistics SQLite would walk
--- the primary key by provider (every receipt of the provider), so the index is named.
-SELECT 1 AS found
-FROM receiver_receipts INDEXED BY receiver_receipts_payload_hash
-WHERE provider = ?1 AND payload_hash = ?2 AND webhook_id <> ?3
-  AND expires_at > COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0)
-LIMIT 1;
 
 -- name: reopen
 -- Dead-letter replay: give a failed receipt back (fenced), so that the replay reclaims it with
