@@ -65,16 +65,15 @@ class SharedStatements:
         self, claims: Sequence[Claim]
     ) -> Sequence[ClaimResult | BaseException | None]:
         async with self.store.acquire() as conn:
-            if len(claims) == 1:  # alone (low load): the keyed statement, lighter for both sides
-                return [await ledger.claim(conn, claims[0])]
-            try:
-                return await ledger.claim_many(conn, claims, self.store.now())
-            except StoreUnavailable:
-                raise
-            except Exception:
-                if len(claims) == 1:
+            # Alone (low load), the keyed statement, lighter for both sides than the batched
+            # one; a batch whose statement fails is claimed one by one below.
+            if len(claims) > 1:
+                try:
+                    return await ledger.claim_many(conn, claims, self.store.now())
+                except StoreUnavailable:
                     raise
-                logger.exception("batched claim failed; claiming one by one")
+                except Exception:
+                    logger.exception("batched claim failed; claiming one by one")
             results: list[ClaimResult | BaseException | None] = []
             for claim in claims:
                 try:
@@ -89,22 +88,13 @@ class SharedStatements:
         self, completions: Sequence[ledger.Completion]
     ) -> Sequence[bool | BaseException]:
         async with self.store.acquire() as conn:
-            if len(completions) == 1:
-                c = completions[0]
+            if len(completions) > 1:  # alone: the keyed statement below, as for claims
                 try:
-                    now = self.store.now()
-                    await ledger.complete(conn, c.key, c.fence, c.response, now, state=c.state)
-                except LeaseLost:
-                    return [False]
-                return [True]
-            try:
-                return await ledger.complete_many(conn, completions, self.store.now())
-            except StoreUnavailable:
-                raise
-            except Exception:
-                if len(completions) == 1:
+                    return await ledger.complete_many(conn, completions, self.store.now())
+                except StoreUnavailable:
                     raise
-                logger.exception("batched completion failed; completing one by one")
+                except Exception:
+                    logger.exception("batched completion failed; completing one by one")
             results: list[bool | BaseException] = []
             for c in completions:
                 try:

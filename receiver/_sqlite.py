@@ -117,12 +117,11 @@ class SQLiteConnection(Connection):
         if self._inline():
             return self._here(query, args)
         await self._outside()
-        with translated():
-            # aiosqlite runs a function on its thread with _execute (what its own methods use);
-            # it has no public equivalent.
-            rows: list[Row] = await self._conn._execute(  # type: ignore[no-untyped-call]
-                self._here, query, args
-            )
+        # aiosqlite runs a function on its thread with _execute (what its own methods use); it
+        # has no public equivalent. _here translates SQLite's errors there.
+        rows: list[Row] = await self._conn._execute(  # type: ignore[no-untyped-call]
+            self._here, query, args
+        )
         return rows
 
     def _savepoint(self, statement: str) -> None:
