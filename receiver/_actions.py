@@ -44,6 +44,8 @@ from ._exceptions import (
 )
 from ._ledger import Claim, Claimed, Decision, Key, Receipt, State, StoredResponse, decide
 from ._pipeline import RunAgain
+from ._redact import describe
+from ._results import Encoder, NotStorable, dumps
 from ._store import Connection, Store
 
 if TYPE_CHECKING:
@@ -173,7 +175,8 @@ class Actions:
     days: retries of agents plus a person resuming a stalled task). ``wait``: how long a
     concurrent duplicate waits for the first attempt's result before ActionInProgress.
     ``replay_cache``: how many completed results this process keeps to answer retries without
-    a round trip (0: none).
+    a round trip (0: none). ``encoder``: turns a tool's result that is not JSON into a value
+    that is (Decimal, dataclasses, datetimes, UUIDs, enums and Pydantic models need none).
     """
 
     def __init__(
@@ -186,6 +189,7 @@ class Actions:
         metrics: bool = True,
         registry: CollectorRegistry | None = None,
         replay_cache: int = 10_000,
+        encoder: Encoder | None = None,
     ) -> None:
         if not 0 < lease <= window:
             raise ConfigurationError(
@@ -195,6 +199,7 @@ class Actions:
         if wait < 0:
             raise ConfigurationError(f"wait must be >= 0 seconds, not {wait!r}")
         self.lease, self.window, self.wait = lease, window, wait
+        self.encoder = encoder
         self._tools: dict[str, Tool] = {}
         self._waiters = keyed.Waiters()
         self._cache = ReplayCache(replay_cache) if replay_cache > 0 else None
@@ -407,20 +412,27 @@ class Actions:
     ) -> ActionResult:
         """Run the tool and store its result in one transaction, fenced (the tool's writes
         through ``tx`` commit with it or not at all). With ``answer`` (a reconciled result)
-        the tool is not called and ``answer`` is stored."""
+        the tool is not called and ``answer`` is stored.
+
+        Once an external tool has returned, its effect has happened: nothing after that point
+        (a result that is not JSON, a failed completion, a cancellation) releases the claim,
+        since a release would let the next retry call the tool again.
+        """
         key = Key(f"{keyed.ACTION}:{tool.name}", action.key)
         call = ToolCall(action, fence, downstream_key(action.key), turn)
-        finished = False
-        failure: Exception | None = None
+        external = tool.effects == "external"
+        returned = False
+        failure: BaseException | None = None
         with self._waiters.running(key):
             async with self.store.lazy() as tx:
                 try:
                     async with tx.deferred_transaction():
                         result = await tool.func(call, tx) if answer is None else answer
-                        finished = True
-                        stored = StoredResponse(200, _JSON, _dumps(result, tool))
+                        returned = True
+                        stored = StoredResponse(200, _JSON, dumps(result, self.encoder))
                         await keyed.complete(self.store, tx, key, fence, stored)
-                except Exception as exc:  # decided below, outside the rolled-back transaction
+                except (Exception, asyncio.CancelledError) as exc:
+                    # Decided below, outside the rolled-back transaction.
                     failure = exc
             if failure is None:
                 if self.metrics is not None:
@@ -428,24 +440,68 @@ class Actions:
                 self._remember(key, action, stored, self.window)
                 return ActionResult(action.key, stored.body, replayed=False)
             if isinstance(failure, LeaseLost):
-                if finished:
+                if returned:
                     await self._ran_twice(tool, key, fence)
                 raise ActionInProgress(
                     f"a newer attempt owns action {action.key!r}; this one was rolled back"
                 ) from failure
-            if isinstance(failure, ActionFailed):
+            if isinstance(failure, NotStorable) and returned:
+                if external:
+                    await self._not_storable(tool, key, fence, failure)
+                # Transactional: its writes rolled back with the completion, so nothing of the
+                # attempt stands and the claim is released below, with the reason named.
+                cause, failure = failure, ActionError(f"tool {tool.name!r} returned {failure}")
+                failure.__cause__ = cause
+            elif isinstance(failure, ActionFailed):
                 body = orjson.dumps({"error": "action_failed", "detail": str(failure)})
                 failed = StoredResponse(422, _JSON, body)
                 await keyed.complete(self.store, None, key, fence, failed, State.FAILED)
                 raise failure
-            logger.warning(
-                "tool %s failed; claim released for a retry (%s)",
-                tool.name,
-                type(failure).__name__,
-                extra={"action": tool.name, "fence": fence},
-            )
-            await keyed.release(self.store, key, fence, f"{type(failure).__name__}: {failure}")
+            elif external and (returned or isinstance(failure, asyncio.CancelledError)):
+                # The effect happened (or may have: the call was cut off mid-way), and only its
+                # recording failed. The claim stays in flight: when its lease runs out, the
+                # next attempt or the sweeper asks reconcile() instead of calling the tool again.
+                logger.error(
+                    "external tool %s was interrupted after it was called (%s); left in flight "
+                    "for reconcile",
+                    tool.name,
+                    type(failure).__name__,
+                    extra={"action": tool.name, "fence": fence},
+                )
+                raise failure
+            else:
+                logger.warning(
+                    "tool %s failed; claim released for a retry (%s)",
+                    tool.name,
+                    type(failure).__name__,
+                    extra={"action": tool.name, "fence": fence},
+                )
+            # Nothing of the attempt committed: give the key back at once (a cancelled attempt
+            # too, so that a retry is not told "in progress" until the lease runs out). Shielded,
+            # so that a second cancellation cannot leave the key held.
+            await asyncio.shield(keyed.release(self.store, key, fence, describe(failure)))
             raise failure
+
+    async def _not_storable(self, tool: Tool, key: Key, fence: int, exc: NotStorable) -> None:
+        """An external tool acted and returned what cannot be stored: store that as a failure
+        that needs a person (every retry sees it), never as a reason to run the tool again."""
+        logger.error(
+            "ALERT: external tool %s returned a %s, which cannot be stored as JSON; its effect "
+            "happened, so the action is marked for review (pass encoder= to store such results)",
+            tool.name,
+            exc.type_name,
+            extra={"action": tool.name, "fence": fence},
+        )
+        detail = (
+            f"the external tool acted but returned a {exc.type_name}, which cannot be stored; "
+            "an operator was alerted"
+        )
+        body = orjson.dumps({"error": "needs_review", "detail": detail})
+        await keyed.complete(
+            self.store, None, key, fence, StoredResponse(409, _JSON, body), State.FAILED
+        )
+        self._count_stale(tool, "failed")
+        raise ActionNeedsReview(detail) from exc
 
     def _replayed(self, tool: Tool, action: Action, receipt: Receipt) -> ActionResult:
         response = receipt.response
@@ -504,7 +560,9 @@ class Actions:
         try:
             answer = await tool.reconcile(call)
         except Exception as exc:
-            await keyed.release(self.store, key, fence, f"reconcile: {type(exc).__name__}: {exc}")
+            # What happened outside is still unknown: never released (a release would let the
+            # retry call the tool again); the lease ends now, so the next attempt reconciles.
+            await keyed.unresolved(self.store, key, fence, f"reconcile: {describe(exc)}")
             raise
         logger.warning(
             "interrupted external tool reconciled (%s)",
@@ -557,10 +615,3 @@ def _body(request: Mapping[str, Any]) -> bytes:
         return orjson.dumps(request)
     except TypeError as exc:
         raise ActionError(f"the action's request is not JSON: {exc}") from exc
-
-
-def _dumps(result: Any, tool: Tool) -> bytes:
-    try:
-        return orjson.dumps(result)
-    except TypeError as exc:
-        raise ActionError(f"tool {tool.name!r} returned a value that is not JSON: {exc}") from exc

@@ -31,6 +31,7 @@ from ._pipeline import Pipeline, Reply
 from ._providers import Provider
 from ._replay import replay
 from ._responses import error
+from ._results import Encoder
 from ._store import Connection, Store
 from ._store_url import store_from_url
 from ._sweeper import Recoverer, SweepReport, sweep, sweep_forever
@@ -75,6 +76,9 @@ class Receiver:
     Served alone (``uvicorn module:rx``) the store opens in the ASGI lifespan. Mounted into
     another app, it opens on the first delivery, or use ``lifespan=rx.lifespan`` (or
     ``async with rx:``) in the host application to open and close it with the app.
+
+    ``encoder`` turns what a handler returns into JSON where it is not already (Decimal,
+    dataclasses, datetimes, UUIDs, enums and Pydantic models need none).
     """
 
     def __init__(
@@ -94,6 +98,7 @@ class Receiver:
         replay_cache: int = 10_000,
         tracer_provider: TracerProvider | None = None,
         workers: int = 0,
+        encoder: Encoder | None = None,
     ) -> None:
         self.store: Store = store_from_url(store) if isinstance(store, str) else store
         if max_body_size <= 0:
@@ -133,6 +138,7 @@ class Receiver:
             metrics=self.metrics,
             # Completed receipts this process has seen, replayed without a round trip.
             cache=ReplayCache(replay_cache) if replay_cache else None,
+            encoder=encoder,
         )
         # OpenTelemetry spans (receiver/_tracing.py): the global provider unless one is given;
         # a no-op until an SDK is configured.

@@ -69,6 +69,13 @@ async def release(store: Store, key: Key, fence: int, error: str) -> bool:
         return await ledger.release(conn, key, fence, message, store.now())
 
 
+async def unresolved(store: Store, key: Key, fence: int, error: str) -> bool:
+    """Keep an interrupted external attempt in flight with its lease ended (reconcile failed)."""
+    message = error.replace("\x00", "\\x00")[:2000]
+    async with store.acquire() as conn:
+        return await ledger.unresolved(conn, key, fence, message, store.now())
+
+
 class Waiters:
     """Attempts running in this process, so that a duplicate waits for the end of the one that
     holds its key instead of polling the store."""

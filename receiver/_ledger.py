@@ -149,6 +149,11 @@ def decide(receipt: Receipt, payload_hash: bytes) -> Decision:
         if receipt.expires_at > now and receipt.payload_hash != payload_hash:
             return Decision.MISMATCH
         return Decision.IN_FLIGHT
+    if receipt.state is State.IN_FLIGHT and receipt.expires_at <= now:
+        # Unfinished, past its window too (a task resumed a week later): its attempt died, and
+        # whether it acted is unknown whatever its age. Recovered (reconcile() for external
+        # effects), never reclaimed blindly; only finished or released receipts expire.
+        return Decision.RECOVER
     if receipt.expires_at <= now:
         return Decision.RECLAIM
     if receipt.payload_hash != payload_hash:
@@ -260,6 +265,17 @@ async def release(conn: Connection, key: Key, fence: int, error: str, now: float
     """Give the key back after a failed attempt and keep the error; False if the fence is stale."""
     async with conn.transaction():
         row = await conn.run("release", key.provider, key.webhook_id, fence, error, now)
+        if row is None:
+            return False
+        await conn.run("record_attempt", key.provider, key.webhook_id, fence, now, error)
+        return True
+
+
+async def unresolved(conn: Connection, key: Key, fence: int, error: str, now: float | None) -> bool:
+    """An interrupted external attempt could not be reconciled: keep it in flight with its
+    lease ended (never released) and keep the error; False if the fence is stale."""
+    async with conn.transaction():
+        row = await conn.run("unresolve", key.provider, key.webhook_id, fence, error, now)
         if row is None:
             return False
         await conn.run("record_attempt", key.provider, key.webhook_id, fence, now, error)

@@ -41,6 +41,7 @@ from ._payload import Parsed, parse
 from ._providers import Provider
 from ._redact import describe, is_driver_error, stack
 from ._responses import IGNORED, encode, error, replay, stored_error
+from ._results import Encoder, NotStorable
 from ._review import needs_review
 from ._shared import SharedStatements
 from ._store import Connection, Store
@@ -166,9 +167,11 @@ class Pipeline:
         retry_after: int,
         metrics: Metrics | None = None,
         cache: ReplayCache | None = None,
+        encoder: Encoder | None = None,
     ) -> None:
         self.store = store
         self.cache = cache
+        self.encoder = encoder
         self.registry = registry
         self.clock = clock
         self.retry_after = retry_after
@@ -559,7 +562,7 @@ class Pipeline:
                 async with tx.deferred_transaction():
                     result = await self._call(handlers, event, tx)
                     finished = True
-                    stored = _final(answer or encode(result), key)
+                    stored = _final(answer or encode(result, self.encoder), key)
                     if tx.in_transaction and job.queued is not None:
                         await queue.complete(
                             tx, key, fence, State.COMPLETED, self.store.now(), job.queued.window
@@ -602,6 +605,19 @@ class Pipeline:
                 409, "in_flight", "a newer attempt owns this delivery", {"retry-after": "1"}
             )
             return Reply(response, Outcome.LEASE_LOST, fence)
+        if isinstance(failure, NotStorable) and finished and _external(handlers):
+            # The external effect happened; releasing would let the retry run it again.
+            logger.error(
+                "ALERT: a handler with external effects returned a %s, which cannot be stored as "
+                "JSON (pass encoder= to the Receiver to store such results)",
+                failure.type_name,
+                extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
+            )
+            reason = (
+                f"a handler with external effects acted, then returned a {failure.type_name}, "
+                "which cannot be stored; check the outside system, then `receiver replay`"
+            )
+            return await self._mark_for_review(job, fence, reason)
         if failure is not None:
             return await self._give_back(job, fence, failure)
         self._remember(job, stored)
@@ -683,22 +699,7 @@ class Pipeline:
                 "an attempt of an external handler without reconcile() was interrupted: it may "
                 "or may not have acted; check the outside system, then `receiver replay`"
             )
-            if job.queued is None:
-                async with self.store.acquire() as conn:
-                    await needs_review(
-                        conn, key, fence, _NEEDS_REVIEW, reason, self.store.now(), self.metrics
-                    )
-            else:
-                # A queued receipt keeps its stored 202: the queue's completion, then the alert.
-                await self._finish(job, fence, _NEEDS_REVIEW, State.FAILED)
-                logger.error(
-                    "ALERT: receipt needs review: %s",
-                    reason,
-                    extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
-                )
-                if self.metrics is not None:
-                    self.metrics.needs_review(key.provider)
-            return Reply(replay(_NEEDS_REVIEW, replayed=False), Outcome.NEEDS_REVIEW, fence)
+            return await self._mark_for_review(job, fence, reason)
         async with self.store.lazy() as conn:
             event = _event(job, fence, self._extender(conn, key, fence))
             try:
@@ -708,14 +709,60 @@ class Pipeline:
             else:
                 failure = None
         if failure is not None:
-            return await self._give_back(job, fence, failure)
+            return await self._reconcile_failed(job, fence, failure)
         if any(isinstance(r, RunAgain) for r in results):
             return await self._run(job, fence)
         # The external effects happened; the transactional handlers' writes died with the
         # interrupted transaction, so they run again, and the reconciled answer is stored.
         answer = next((r for r in reversed(results) if r is not None), None)
+        try:
+            reconciled = encode(answer, self.encoder)
+        except NotStorable as exc:
+            reason = (
+                f"reconcile() returned a {exc.type_name}, which cannot be stored; check the "
+                "outside system, then `receiver replay`"
+            )
+            return await self._mark_for_review(job, fence, reason)
         transactional = [h for h in job.handlers if h.effects == "transactional"]
-        return await self._run(job, fence, handlers=transactional, answer=encode(answer))
+        return await self._run(job, fence, handlers=transactional, answer=reconciled)
+
+    async def _mark_for_review(self, job: _Job, fence: int, reason: str) -> Reply:
+        """Store a final answer that needs a person (an external effect may have happened and
+        nothing can say): every redelivery replays it; nothing runs again."""
+        key = job.claim.key
+        if job.queued is None:
+            async with self.store.acquire() as conn:
+                await needs_review(
+                    conn, key, fence, _NEEDS_REVIEW, reason, self.store.now(), self.metrics
+                )
+        else:
+            # A queued receipt keeps its stored 202: the queue's completion, then the alert.
+            await self._finish(job, fence, _NEEDS_REVIEW, State.FAILED)
+            logger.error(
+                "ALERT: receipt needs review: %s",
+                reason,
+                extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
+            )
+            if self.metrics is not None:
+                self.metrics.needs_review(key.provider)
+        return Reply(replay(_NEEDS_REVIEW, replayed=False), Outcome.NEEDS_REVIEW, fence)
+
+    async def _reconcile_failed(self, job: _Job, fence: int, exc: Exception) -> Reply:
+        """reconcile() itself failed: what happened outside is still unknown. The claim must
+        not be released (a release lets the retry call the external handler again): it stays in
+        flight with its lease ended, so that the next attempt, or the sweeper, reconciles again.
+        """
+        key = job.claim.key
+        message = f"reconcile: {describe(exc)}"
+        logger.error(
+            "reconcile failed; the delivery stays unresolved until it is reconciled (%s)",
+            type(exc).__name__,
+            extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
+        )
+        async with self.store.acquire() as conn:
+            await ledger.unresolved(conn, key, fence, message, self.store.now())
+        response = error(500, "handler_failed", "reconciling the delivery failed; retry later")
+        return Reply(response, Outcome.HANDLER_FAILED, fence)
 
     def _extender(
         self, tx: Connection, key: Key, fence: int, running: _Running | None = None

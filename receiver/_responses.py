@@ -9,6 +9,7 @@ import orjson
 from starlette.responses import Response
 
 from ._ledger import StoredResponse
+from ._results import Encoder, dumps
 
 JSON = "application/json"
 
@@ -33,9 +34,10 @@ def stored_error(status: int, code: str, detail: str) -> StoredResponse:
     return StoredResponse(status, JSON, orjson.dumps({"error": code, "detail": detail}))
 
 
-def encode(result: Any) -> StoredResponse:
-    """What a handler returned, as the answer to store: None, a JSON-able value, or a Starlette
-    Response with a body (a streaming response cannot be stored and replayed)."""
+def encode(result: Any, encoder: Encoder | None = None) -> StoredResponse:
+    """What a handler returned, as the answer to store: None, a JSON-able value (see
+    :mod:`receiver._results`; NotStorable if it is not one), or a Starlette Response with a
+    body (a streaming response cannot be stored and replayed)."""
     if result is None:
         return OK
     if isinstance(result, Response):
@@ -51,7 +53,7 @@ def encode(result: Any) -> StoredResponse:
             if name.lower() not in _NOT_STORED
         )
         return StoredResponse(result.status_code, content_type, bytes(result.body), kept)
-    return StoredResponse(200, JSON, orjson.dumps(result))
+    return StoredResponse(200, JSON, dumps(result, encoder))
 
 
 # Headers that describe one transfer or that the receiver sets itself, never the answer:

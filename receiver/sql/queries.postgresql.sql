@@ -121,6 +121,17 @@ SET state = 'released',
 WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state COLLATE "C" = 'in_flight'
 RETURNING fence;
 
+-- name: unresolve
+-- Fenced: reconcile() of an interrupted external attempt failed, so what happened outside is
+-- still unknown. Never released (a release lets the retry run the external effect again): the
+-- key stays in flight with its lease ended, so that the next attempt reconciles again.
+UPDATE receiver_receipts
+SET attempts = attempts + 1,
+    last_error = $4,
+    lease_until = COALESCE(to_timestamp($5::float8), statement_timestamp())
+WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state COLLATE "C" = 'in_flight'
+RETURNING fence;
+
 -- name: record_attempt
 INSERT INTO receiver_attempts (provider, webhook_id, fence, failed_at, error)
 VALUES ($1, $2, $3, COALESCE(to_timestamp($4::float8), statement_timestamp()), $5)
