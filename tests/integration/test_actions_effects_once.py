@@ -247,7 +247,8 @@ async def test_a_failing_reconcile_keeps_the_key_unresolved_never_released(
             await actions.execute(action)
         state, error = await state_of(store, "charge", action.key)
         assert state is State.IN_FLIGHT  # not released: a retry must not call the tool
-        assert error is not None and error.startswith("reconcile: ConnectionError")
+        assert error is not None
+        assert error.startswith("reconcile: ConnectionError")
     assert calls == [1]
     # The outside system answers at last: it never saw the call, so it runs once more.
     assert (await actions.execute(action)).value == {"charge": "ch_1"}
@@ -327,7 +328,7 @@ async def test_a_failed_attempts_stored_error_carries_no_payload_value(store: St
     action = actions.propose(
         "signup", scope=TENANT, action_id="s-1", request={"email": "alice@example.com"}
     )
-    with pytest.raises(Exception, match="(?i)unique"):
+    with pytest.raises(Exception, match=r"(?i)unique"):
         await actions.execute(action)
     state, error = await state_of(store, "signup", action.key)
     assert state is State.RELEASED

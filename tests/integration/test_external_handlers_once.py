@@ -116,7 +116,8 @@ async def test_an_unstorable_result_of_an_external_handler_needs_review_never_re
     assert p.calls == [1]
     receipt = await p.receipt("msg_2")
     assert receipt.state is State.FAILED
-    assert receipt.last_error is not None and "Opaque" in receipt.last_error
+    assert receipt.last_error is not None
+    assert "Opaque" in receipt.last_error
     assert "DE89" not in caplog.text
     assert any("ALERT:" in r.getMessage() and "Opaque" in r.getMessage() for r in caplog.records)
 
@@ -161,7 +162,8 @@ async def test_a_failing_reconcile_leaves_the_receipt_unresolved_never_released(
         assert answer.status_code == 500
         receipt = await p.receipt("msg_5")
         assert receipt.state is State.IN_FLIGHT  # never released: no blind re-run
-        assert receipt.last_error is not None and "reconcile: ConnectionError" in receipt.last_error
+        assert receipt.last_error is not None
+        assert "reconcile: ConnectionError" in receipt.last_error
     assert p.calls == [1]
     answer = await p.post("msg_5")  # the bank answers: it never saw the payment
     assert (answer.status_code, answer.json()) == (200, {"paid": "again"})
