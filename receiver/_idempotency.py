@@ -17,6 +17,7 @@ means then.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import inspect
 import logging
@@ -35,6 +36,8 @@ from ._cache import ReplayCache
 from ._exceptions import ConfigurationError, InvalidIdempotencyKey, LeaseLost
 from ._idempotency_key import parse_key
 from ._ledger import Claim, Claimed, Decision, Key, Receipt, State, StoredResponse, decide
+from ._payload import NotJSON, normalized
+from ._redact import describe
 from ._responses import replay
 from ._store import Connection, Store
 
@@ -286,13 +289,17 @@ class IdempotencyKeyMiddleware:
                             raise _Unstored(f"the endpoint answered {start['status']}")
                         stored = _stored(start, b"".join(chunks))
                         await keyed.complete(self.store, tx, claim.key, fence, stored)
-                except Exception as exc:
+                except (Exception, asyncio.CancelledError) as exc:
+                    # A cancelled request (the client hung up, a timeout) committed nothing.
                     failure = exc
             if isinstance(failure, LeaseLost):
                 detail = "a newer attempt took this key over; this one was rolled back"
                 return _problem(409, "lease-lost", "Request superseded", detail, retry_after=1)
             if failure is not None:
-                await keyed.release(self.store, claim.key, fence, f"{failure}")
+                # Given back at once, a cancelled attempt too (so that the client's retry is not
+                # told "in progress" until the lease runs out); shielded from a second
+                # cancellation. Described without the values a driver's text carries.
+                await asyncio.shield(keyed.release(self.store, claim.key, fence, describe(failure)))
                 if not isinstance(failure, _Unstored) or start is None:
                     raise failure
             else:
@@ -340,15 +347,16 @@ def _matches(patterns: Sequence[str], path: str) -> bool:
 
 def _fingerprint(scope: Scope, body: bytes) -> bytes:
     """sha256 of method, path, query and the body; a JSON body is normalized first (sorted
-    keys, no insignificant whitespace), so a re-serialized retry still matches."""
+    keys, no insignificant whitespace, numbers by their exact value), so a re-serialized retry
+    still matches and another amount never does."""
     try:
-        normalized = orjson.dumps(orjson.loads(body), option=orjson.OPT_SORT_KEYS)
-    except orjson.JSONDecodeError:
-        normalized = body
+        _, normalized_body = normalized(body)  # numbers by their exact value (_payload.py)
+    except NotJSON:
+        normalized_body = body
     h = hashlib.sha256()
     for part in (scope["method"].encode(), scope["path"].encode(), scope["query_string"]):
         h.update(len(part).to_bytes(8, "big") + part)
-    h.update(normalized)
+    h.update(normalized_body)
     return h.digest()
 
 

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, TracerProvider
 
+from ._redact import describe, stack
+
 if TYPE_CHECKING:
     from ._events import Event
     from ._handlers import Handler
@@ -83,10 +85,15 @@ class Tracing:
             context=parent,
             kind=SpanKind.SERVER,
             attributes={"webhook.provider": provider},
+            record_exception=False,  # recorded redacted, as in _handler_span
+            set_status_on_exception=False,
         ) as span:
             token = _current.set(tracer)
             try:
                 yield DeliverySpan(span)
+            except BaseException as exc:
+                record_failure(span, exc)
+                raise
             finally:
                 _current.reset(token)
 
@@ -135,13 +142,36 @@ def _handler_span(tracer: Tracer, handler: Handler, event: Event) -> Iterator[No
             "webhook.fence": event.fence or 0,
             "receiver.handler.effects": handler.effects,
         },
-    ):
-        yield
+        # OpenTelemetry's own recording puts str(exc) and a traceback with every message in
+        # the span: a driver's text carries payload values. Recorded below, redacted.
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        try:
+            yield
+        except BaseException as exc:
+            record_failure(span, exc)
+            raise
+
+
+def record_failure(span: trace.Span, exc: BaseException) -> None:
+    """The exception on ``span`` as the logs describe it: its class, a driver's message with
+    its values masked (receiver/_redact.py), and where it was raised, without any message."""
+    name = type(exc).__name__
+    span.add_event(
+        "exception",
+        {
+            "exception.type": type(exc).__qualname__,  # as OpenTelemetry names it
+            "exception.message": describe(exc),
+            "exception.stacktrace": stack(exc),
+        },
+    )
+    span.set_status(Status(StatusCode.ERROR, name))
 
 
 def handler_span(handler: Handler, event: Event) -> contextlib.AbstractContextManager[None]:
     """A child span around one handler call of a traced delivery (an exception it raises is
-    recorded and sets the span's status to error); a null context otherwise."""
+    recorded, redacted, and sets the span's status to error); a null context otherwise."""
     tracer = _current.get()
     if tracer is None:
         return _UNTRACED

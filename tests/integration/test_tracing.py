@@ -235,3 +235,37 @@ def test_a_global_sdk_installed_later_is_picked_up(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "['msg_after']"
+
+
+async def test_a_driver_error_in_a_handler_leaves_no_payload_value_in_any_span(
+    store: Store, exporter: InMemorySpanExporter
+) -> None:
+    """Issue 19 item 5: OpenTelemetry's own exception recording would put the driver's
+    ``Key (email)=(...) already exists`` in the span's event, stack trace and status."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    rx = Receiver(store, [make_receiver(store)[0].providers[PROVIDER]], tracer_provider=provider)
+
+    @rx.on("signup")
+    async def signup(event: Event, tx: Connection) -> None:
+        await tx.execute("CREATE TABLE IF NOT EXISTS people (email TEXT PRIMARY KEY)")
+        for _ in range(2):
+            await tx.execute("INSERT INTO people (email) VALUES ($1)", event.payload["email"])
+
+    async with rx:
+        body = body_of("signup")[:-1] + f',"email":"{MARKER}"}}'.encode()
+        answer = await post(rx, "msg_dup", body)
+    assert answer.status_code == 500
+    spans = exporter.get_finished_spans()
+    (handler,) = by_name(spans, "handler ")
+    assert handler.status.status_code is StatusCode.ERROR
+    (event,) = handler.events
+    assert event.name == "exception"
+    assert event.attributes is not None
+    assert "Error" in str(event.attributes["exception.type"])
+    texts = [str(handler.status.description)]
+    for span in spans:
+        texts += [str(v) for v in (span.attributes or {}).values()]
+        for e in span.events:
+            texts += [str(v) for v in (e.attributes or {}).values()]
+    assert not any(MARKER in text for text in texts), texts

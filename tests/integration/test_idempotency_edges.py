@@ -1,0 +1,151 @@
+"""The Idempotency-Key middleware at its edges (issue 19, items 4, 6 and 11), on both stores:
+a cancelled request gives its key back at once, a failed request's stored error carries no
+payload value, and two amounts a double cannot tell apart are two requests."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import orjson
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Message
+
+from receiver import IdempotencyKeyMiddleware, Store, idempotent_request
+from receiver._ledger import State
+
+SECRET_EMAIL = "alice@example.com"
+
+
+class Endpoints:
+    def __init__(self) -> None:
+        self.runs = 0
+        self.hang = True
+        self.started = asyncio.Event()
+
+    async def pay(self, request: Request) -> Response:
+        self.runs += 1
+        body = await request.json()
+        if self.hang:
+            self.hang = False
+            self.started.set()
+            await asyncio.sleep(60)  # the client gives up long before
+        return JSONResponse({"amount": body["amount"], "run": self.runs}, 201)
+
+    async def signup(self, request: Request) -> Response:
+        keyed = idempotent_request(request)
+        assert keyed is not None
+        body = await request.json()
+        await keyed.tx.execute("CREATE TABLE IF NOT EXISTS people (email TEXT PRIMARY KEY)")
+        for _ in range(2):
+            await keyed.tx.execute("INSERT INTO people (email) VALUES ($1)", body["email"])
+        return JSONResponse({})
+
+
+def app(store: Store, endpoints: Endpoints) -> Starlette:
+    return Starlette(
+        routes=[
+            Route("/pay", endpoints.pay, methods=["POST"]),
+            Route("/signup", endpoints.signup, methods=["POST"]),
+        ],
+        middleware=[
+            Middleware(IdempotencyKeyMiddleware, store=store, principal=lambda s: "t", lease=60.0)
+        ],
+    )
+
+
+async def rows(store: Store) -> list[tuple[str, str | None]]:
+    async with store.acquire() as conn:
+        found = await conn.fetch(
+            "SELECT state, last_error FROM receiver_receipts WHERE provider LIKE 'idem:%'"
+        )
+    return [(r["state"], r["last_error"]) for r in found]
+
+
+async def call(asgi: Any, path: str, body: dict[str, Any], key: str) -> Message:
+    """One request straight through the ASGI app; the start message of its answer."""
+    raw = orjson.dumps(body)
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"idempotency-key", key.encode())],
+        "client": ("127.0.0.1", 1),
+        "server": ("t", 80),
+    }
+    sent: list[Message] = []
+    delivered = False
+
+    async def receive() -> Message:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        await asyncio.Event().wait()  # the client stays connected
+        raise AssertionError
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    await asyncio.wait_for(asgi(scope, receive, send), 10)
+    return sent[0]
+
+
+async def test_a_cancelled_request_gives_its_key_back_at_once(store: Store) -> None:
+    endpoints = Endpoints()
+    asgi = app(store, endpoints)
+    async with asgi.router.lifespan_context(asgi):
+        first = asyncio.create_task(call(asgi, "/pay", {"amount": 5}, '"k-1"'))
+        await endpoints.started.wait()
+        first.cancel()  # the server cancels the request: the client hung up
+        await asyncio.gather(first, return_exceptions=True)
+        assert [state for state, _ in await rows(store)] == [State.RELEASED.value]
+        # The retry runs now: no "in progress" until the 60 s lease runs out.
+        answer = await call(asgi, "/pay", {"amount": 5}, '"k-1"')
+    assert answer["status"] == 201
+    assert endpoints.runs == 2
+
+
+async def test_a_failed_requests_stored_error_carries_no_payload_value(store: Store) -> None:
+    transport = httpx.ASGITransport(app=app(store, Endpoints()), raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        answer = await client.post(
+            "/signup", json={"email": SECRET_EMAIL}, headers={"idempotency-key": '"k-2"'}
+        )
+    assert answer.status_code == 500
+    ((state, error),) = await rows(store)
+    assert state == State.RELEASED.value
+    assert error is not None
+    assert SECRET_EMAIL not in error
+
+
+async def test_amounts_a_double_cannot_tell_apart_are_two_requests(store: Store) -> None:
+    endpoints = Endpoints()
+    endpoints.hang = False
+    transport = httpx.ASGITransport(app=app(store, endpoints))
+    headers = {"idempotency-key": '"k-3"', "content-type": "application/json"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        first = await client.post(
+            "/pay", content=b'{"amount":10000000000000001.0}', headers=headers
+        )
+        second = await client.post(
+            "/pay", content=b'{"amount":10000000000000000.0}', headers=headers
+        )
+        again = await client.post(
+            "/pay", content=b'{"amount": 10000000000000001.00}', headers=headers
+        )
+    assert first.status_code == 201
+    assert second.status_code == 422  # never the first answer under "Idempotent-Replayed"
+    assert again.headers.get("idempotent-replayed") == "true"
+    assert endpoints.runs == 1

@@ -1,0 +1,163 @@
+"""Fingerprints tell numbers apart by their exact value (issue 19, item 4): two JSON documents
+get one fingerprint exactly when they are equal as values under the rule of
+receiver/_payload.py (integers by value; numbers with a fraction or exponent by their exact
+decimal value; an integer is never the same as a number with a fraction). Checked for the
+webhook path's payload hash and the Idempotency-Key middleware's fingerprint alike."""
+
+from __future__ import annotations
+
+import decimal
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from receiver._idempotency import _fingerprint
+from receiver._payload import parse
+
+D = decimal.Decimal
+
+
+class Number:
+    """A JSON number as the rule sees it: integer or not, and its exact value."""
+
+    def __init__(self, integer: bool, value: D) -> None:
+        self.integer, self.value = integer, value
+
+    def key(self) -> tuple[Any, ...]:
+        sign = self.value.is_signed() if self.value.is_zero() and not self.integer else None
+        return ("int" if self.integer else "frac", self.value, sign)
+
+    def __repr__(self) -> str:
+        return f"Number({self.integer}, {self.value!r})"
+
+
+def comparable(doc: Any) -> Any:
+    """The document with numbers replaced by what the rule compares."""
+    if isinstance(doc, Number):
+        return doc.key()
+    if isinstance(doc, dict):
+        return {k: comparable(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [comparable(v) for v in doc]
+    return doc
+
+
+def render_number(n: Number, style: int) -> str:
+    """One of several texts of the same number: trailing zeros, exponent or plain form."""
+    if n.integer:
+        return str(int(n.value))
+    sign, digits, exponent = n.value.as_tuple()
+    assert isinstance(exponent, int)
+    text = "".join(map(str, digits)).lstrip("0")
+    if text:  # JSON allows no leading zero; trailing ones change only the text
+        text += "0" * (style % 3)
+        exponent -= style % 3
+    else:
+        text = "0"
+    head = "-" if sign else ""
+    if style % 2 or not -40 < exponent < 40:
+        return f"{head}{text}{'e' if style % 4 < 2 else 'E'}{exponent}"
+    if exponent >= 0:
+        return f"{head}{(text + '0' * exponent).lstrip('0') or '0'}.0"
+    whole, frac = text[:exponent] or "0", text[exponent:].rjust(-exponent, "0")
+    return f"{head}{whole.lstrip('0') or '0'}.{frac}"
+
+
+def render(doc: Any, styles: st.DataObject) -> str:
+    if isinstance(doc, Number):
+        return render_number(doc, styles.draw(st.integers(0, 7)))
+    if isinstance(doc, dict):
+        items = list(doc.items())
+        order = styles.draw(st.permutations(items)) if items else items
+        space = styles.draw(st.sampled_from(["", " "]))
+        inner = f",{space}".join(f'"{k}":{space}{render(v, styles)}' for k, v in order)
+        return "{" + inner + "}"
+    if isinstance(doc, list):
+        return "[" + ",".join(render(v, styles) for v in doc) + "]"
+    if isinstance(doc, str):
+        return '"' + doc + '"'
+    return {True: "true", False: "false", None: "null"}[doc]
+
+
+INTERESTING = [
+    Number(True, D(1)),
+    Number(False, D(1)),
+    Number(False, D("10000000000000001.0")),
+    Number(False, D("10000000000000000.0")),
+    Number(False, D("0.1")),
+    Number(False, D("0.1000000000000000055511151231257827")),
+    Number(True, D(2**64)),
+    Number(True, D(2**64 - 1)),
+    Number(True, D(-(2**63) - 1)),
+    Number(False, D("1e-400")),
+    Number(False, D("2e-400")),
+    Number(False, D("1.5")),
+    Number(False, D("0")),
+    Number(False, D("-0")),
+    Number(True, D(1234567890123456789)),
+]
+
+numbers = st.one_of(
+    st.sampled_from(INTERESTING),
+    st.integers(-(2**70), 2**70).map(lambda i: Number(True, D(i))),
+    st.builds(
+        lambda sign, digits, exponent: Number(False, D((sign, digits, exponent))),
+        st.integers(0, 1),
+        st.lists(st.integers(0, 9), min_size=1, max_size=22).map(tuple),
+        st.integers(-330, 250),
+    ),
+)
+documents = st.dictionaries(
+    st.sampled_from(["amount", "id", "n"]),
+    st.one_of(numbers, st.sampled_from(["x", "y"]), st.lists(numbers, max_size=2)),
+    min_size=1,
+    max_size=3,
+).map(lambda d: {"type": "t", **d})
+
+
+def webhook_hash(text: str) -> bytes:
+    parsed = parse(text.encode(), None)
+    assert parsed.problem is None, (parsed.problem, text)
+    return parsed.payload_hash
+
+
+def middleware_hash(text: str) -> bytes:
+    scope = {"method": "POST", "path": "/pay", "query_string": b""}
+    return _fingerprint(scope, text.encode())
+
+
+@settings(max_examples=300, deadline=None)
+@given(documents, documents, st.data())
+def test_one_fingerprint_exactly_when_equal_as_values(a: Any, b: Any, data: st.DataObject) -> None:
+    equal = comparable(a) == comparable(b)
+    ta, tb = render(a, data), render(b, data)
+    for fingerprint in (webhook_hash, middleware_hash):
+        assert (fingerprint(ta) == fingerprint(tb)) == equal, (ta, tb, fingerprint.__name__)
+
+
+@settings(max_examples=200, deadline=None)
+@given(documents, st.data())
+def test_every_text_of_a_document_has_its_fingerprint(doc: Any, data: st.DataObject) -> None:
+    first, second = render(doc, data), render(doc, data)
+    assert webhook_hash(first) == webhook_hash(second), (first, second)
+    assert middleware_hash(first) == middleware_hash(second), (first, second)
+
+
+def test_the_issues_amounts_are_two_amounts() -> None:
+    a = '{"type": "t", "amount": 10000000000000001.0}'
+    b = '{"type": "t", "amount": 10000000000000000.0}'
+    assert webhook_hash(a) != webhook_hash(b)
+    assert middleware_hash(a) != middleware_hash(b)
+
+
+def test_fingerprints_of_ordinary_payloads_did_not_change() -> None:
+    """Receipts stored before this rule still match their redeliveries: an ordinary payload's
+    hash is the sorted orjson form it always was."""
+    import hashlib
+
+    body = b'{"type":"invoice.paid","amount":12.5,"id":820982911946154508,"n":1}'
+    expected = hashlib.sha256(
+        b'{"amount":12.5,"id":820982911946154508,"n":1,"type":"invoice.paid"}'
+    ).digest()
+    assert webhook_hash(body.decode()) == expected
