@@ -48,7 +48,10 @@ def assert_replayed(first: Delivery, replays: Sequence[Delivery]) -> None:
 async def in_flight(store: Store, provider: str | None = None) -> list[str]:
     """``provider/webhook-id`` of every receipt still in flight (claimed, never finished)."""
     async with store.acquire() as conn:
+        # Inline claims, and queued deliveries a worker took (and perhaps died on): the
+        # sweeper's query leaves those to the workers' own.
         rows = await conn.run_all("stale", _END_OF_TIME, _LIST_LIMIT)
+        rows += await conn.run_all("queue_stale", _END_OF_TIME, _LIST_LIMIT)
     return [
         f"{r['provider']}/{r['webhook_id']} (fence {r['fence']})"
         for r in rows
