@@ -15,7 +15,8 @@
           +-- ActionConflict       its key was used before with another request
           +-- ActionInProgress     another attempt still runs it after the bounded wait
           +-- ActionFailed         it failed for good (stored, and raised again on every retry)
-               +-- ActionNeedsReview  an interrupted external tool that nothing can reconcile
+          +-- ActionNeedsReview    a person must look: an external tool may have acted and
+                                   nothing can say (never an ActionFailed: not for the model)
 
 Lower-level errors (asyncpg, sqlite3, OSError, ValueError from decoding) are translated at one
 boundary each and re-raised ``from`` the original.
@@ -113,6 +114,11 @@ class ActionFailed(ActionError):
     and every retry of the action raises it again instead of running the tool."""
 
 
-class ActionNeedsReview(ActionFailed):
-    """An attempt of an external tool was interrupted and no reconcile() can say what happened:
-    it is never re-run blindly; the action is marked failed and an operator is alerted."""
+class ActionNeedsReview(ActionError):
+    """An attempt of an external tool was interrupted (or returned what cannot be stored) and
+    no reconcile() can say what happened: it is never re-run blindly; the action is marked
+    failed, an operator is alerted, and every retry raises this again.
+
+    Deliberately not an :class:`ActionFailed`: an agent loop that hands ``ActionFailed`` to the
+    model as an ordinary tool error must not swallow a case that needs a person. Stop the run
+    (or escalate) on this one."""

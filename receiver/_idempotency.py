@@ -146,6 +146,17 @@ class IdempotencyKeyMiddleware:
         self.methods = frozenset(m.upper() for m in methods)
         self.paths = None if paths is None else tuple(paths)
         self.required = tuple(required)
+        if isinstance(required, str) or (paths is not None and isinstance(paths, str)):
+            raise ConfigurationError("paths= and required= take a list of path patterns")
+        outside = [
+            r for r in self.required if self.paths is not None and not _matches(self.paths, r)
+        ]
+        if outside:
+            # The middleware never sees those requests, so "required" could not mean anything.
+            raise ConfigurationError(
+                f"required= names paths outside paths= ({', '.join(outside)}): those requests "
+                "would run without a key; add them to paths= (or leave paths= unset)"
+            )
         self.ttl, self.lease, self.wait = ttl, lease, wait
         self.max_body_size = max_body_size
         self.provider = f"{keyed.IDEMPOTENCY}:{namespace}"

@@ -25,7 +25,15 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from receiver import RUN_AGAIN, ActionFailed, Actions, Connection, Store, ToolCall
+from receiver import (
+    RUN_AGAIN,
+    ActionFailed,
+    ActionNeedsReview,
+    Actions,
+    Connection,
+    Store,
+    ToolCall,
+)
 
 DDL = (
     "CREATE TABLE IF NOT EXISTS example_refunds ("
@@ -138,6 +146,15 @@ def register(actions: Actions, bank: Bank) -> None:
         return {"ticket": f"T-{call.action.action_id}"}
 
 
+class NeedsPerson(Exception):
+    """An action needs a person (``ActionNeedsReview``): the agent loop stops here instead of
+    showing the model an error it might retry around."""
+
+    def __init__(self, tool: str, key: str, detail: str) -> None:
+        super().__init__(f"action {key} of tool {tool} needs a person: {detail}")
+        self.tool, self.key = tool, key
+
+
 @dataclass(frozen=True)
 class FunctionTool:
     """The function-tool shape: name, description, JSON schema, and an async callable."""
@@ -158,6 +175,10 @@ def function_tools(actions: Actions, *, scope: str) -> dict[str, FunctionTool]:
             )
             try:
                 result = await actions.execute(action, turn=turn)
+            except ActionNeedsReview as exc:
+                # Not the model's business: the tool may have acted and nothing can say. Stop
+                # the run and tell a person (NeedsPerson reaches the planner's caller).
+                raise NeedsPerson(name, action.key, str(exc)) from exc
             except ActionFailed as exc:  # a final answer the model should see
                 return json.dumps({"error": str(exc)})
             return result.body.decode()

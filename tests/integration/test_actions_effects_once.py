@@ -15,12 +15,14 @@ import logging
 import uuid
 from typing import Any
 
+import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
 from receiver import (
     RUN_AGAIN,
     ActionError,
+    ActionFailed,
     ActionInProgress,
     ActionNeedsReview,
     Actions,
@@ -28,7 +30,7 @@ from receiver import (
     ToolCall,
 )
 from receiver import _keyed as keyed
-from receiver._ledger import Key, State
+from receiver._ledger import Claimed, Key, State, StoredResponse
 from receiver._store import Connection
 from tests.support import EFFECTS_DDL, Clock, SimulatedCrash, ledger_clock
 
@@ -334,3 +336,43 @@ async def test_a_failed_attempts_stored_error_carries_no_payload_value(store: St
     assert state is State.RELEASED
     assert error is not None
     assert "alice" not in error
+
+
+def test_needs_review_is_not_an_action_failure() -> None:
+    """Issue 19 item 12: an agent loop's ``except ActionFailed`` (hand the error to the model)
+    must not swallow a case that needs a person."""
+    assert not issubclass(ActionNeedsReview, ActionFailed)
+    caught = "none"
+    try:
+        raise ActionNeedsReview("an external tool may have acted")
+    except ActionFailed:
+        caught = "as an ordinary failure"
+    except ActionNeedsReview:
+        caught = "as needing a person"
+    assert caught == "as needing a person"
+
+
+async def test_the_examples_function_tool_stops_the_run_on_needs_review(store: Store) -> None:
+    from examples.agents.tools import Bank, NeedsPerson, create_tables, function_tools, register
+
+    await create_tables(store)
+    actions = Actions(store, registry=CollectorRegistry())
+    register(actions, Bank())
+    tools = function_tools(actions, scope=TENANT)
+    arguments = {"to": "a@b", "subject": "refund", "body": "done"}
+    action = actions.propose("send_email", scope=TENANT, action_id="m-1", request=arguments)
+    # The ledger says a person must look (an attempt died and nothing could say what it did).
+    claim = actions._claim(actions._tool("send_email"), action, b"{}")
+    claimed = await keyed.claim(store, claim)
+    assert isinstance(claimed, Claimed)
+    body = b'{"error":"needs_review","detail":"interrupted"}'
+    await keyed.complete(
+        store,
+        None,
+        claim.key,
+        claimed.fence,
+        StoredResponse(409, "application/json", body),
+        State.FAILED,
+    )
+    with pytest.raises(NeedsPerson, match="needs a person"):
+        await tools["send_email"].invoke(orjson.dumps(arguments).decode(), "m-1", None)

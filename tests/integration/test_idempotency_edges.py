@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -149,3 +150,22 @@ async def test_amounts_a_double_cannot_tell_apart_are_two_requests(store: Store)
     assert second.status_code == 422  # never the first answer under "Idempotent-Replayed"
     assert again.headers.get("idempotent-replayed") == "true"
     assert endpoints.runs == 1
+
+
+def test_a_required_path_outside_paths_is_refused_at_start_up(sqlite_store: Store) -> None:
+    """Issue 19 item 13: the middleware never sees a path outside ``paths=``, so requiring a
+    key there cannot mean what it says."""
+    from receiver import ConfigurationError
+
+    def build(paths: list[str] | None, required: list[str]) -> IdempotencyKeyMiddleware:
+        return IdempotencyKeyMiddleware(
+            Starlette(), store=sqlite_store, principal=lambda s: "t", paths=paths,
+            required=required,
+        )  # fmt: skip
+
+    with pytest.raises(ConfigurationError, match="/refunds"):
+        build(["/payments"], ["/payments", "/refunds"])
+    with pytest.raises(ConfigurationError, match=r"/admin/\*"):
+        build(["/api/*"], ["/admin/*"])
+    build(["/api/*"], ["/api/payments", "/api/refunds/*"])  # covered
+    build(None, ["/anything"])  # every path is seen
