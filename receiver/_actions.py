@@ -47,6 +47,7 @@ from ._pipeline import RunAgain
 from ._redact import describe
 from ._results import Encoder, NotStorable, dumps
 from ._store import Connection, Store
+from ._sweeper import KeySweeper, SweepReport
 
 if TYPE_CHECKING:
     from ._app import Receiver
@@ -177,6 +178,11 @@ class Actions:
     ``replay_cache``: how many completed results this process keeps to answer retries without
     a round trip (0: none). ``encoder``: turns a tool's result that is not JSON into a value
     that is (Decimal, dataclasses, datetimes, UUIDs, enums and Pydantic models need none).
+
+    Built on a bare store, the executor has a sweeper of its own, run every
+    ``sweep_interval`` seconds (None: never) while ``async with actions:`` lasts: it recovers
+    stale claims nobody retries and deletes expired keys. ``await actions.sweep()`` runs one
+    pass (a cron job, ``receiver sweep --store URL`` needs no app for the expiry part).
     """
 
     def __init__(
@@ -190,6 +196,7 @@ class Actions:
         registry: CollectorRegistry | None = None,
         replay_cache: int = 10_000,
         encoder: Encoder | None = None,
+        sweep_interval: float | None = 60.0,
     ) -> None:
         if not 0 < lease <= window:
             raise ConfigurationError(
@@ -204,8 +211,16 @@ class Actions:
         self._waiters = keyed.Waiters()
         self._cache = ReplayCache(replay_cache) if replay_cache > 0 else None
         self.store: Store
+        #: The background sweeper of an executor built on a bare store (started by
+        #: ``async with actions:``); built on a Receiver, the Receiver's sweeper does its work.
+        self.sweeper: KeySweeper | None = None
         if isinstance(target, Store):
             self.store = target
+            if sweep_interval is not None and not sweep_interval > 0:
+                raise ConfigurationError(
+                    f"sweep_interval must be positive seconds, or None, not {sweep_interval!r}"
+                )
+            self.sweeper = KeySweeper(target, {keyed.ACTION: self.recover}, sweep_interval)
         else:
             self.store = target.store
             if keyed.ACTION in target.recoverers:
@@ -218,6 +233,23 @@ class Actions:
             # One sweeper for webhooks and actions: stale action claims come back here.
             target.recoverers[keyed.ACTION] = self.recover
         self.metrics: ActionMetrics | None = ActionMetrics(registry) if metrics else None
+
+    # -- the sweeper ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Actions:
+        if self.sweeper is not None:
+            self.sweeper.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.sweeper is not None:
+            await self.sweeper.stop()
+
+    async def sweep(self, *, batch: int = 100) -> SweepReport:
+        """One sweeper pass over the executor's store: recover stale action claims (tools
+        registered here), delete expired receipts."""
+        sweeper = self.sweeper or KeySweeper(self.store, {keyed.ACTION: self.recover}, None)
+        return await sweeper.run_once(batch=batch)
 
     # -- registration --------------------------------------------------------------------------
 

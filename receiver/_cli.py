@@ -38,7 +38,7 @@ from ._schedules import PRESETS, dedup_window, describe
 from ._sqlite import SQLiteStore
 from ._store import Row, Store
 from ._store_url import store_from_url
-from ._sweeper import SweepReport
+from ._sweeper import KeySweeper, SweepReport
 from ._verification import generate_secret, sign
 
 DEFAULT_APP = "handlers:app"
@@ -94,6 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
         DEFAULT_APP,
     )
     _add(sweep, "config", CONFIG_HELP)
+    sweep.add_argument(
+        "--store",
+        default=None,
+        help="sweep this store with no app: release Idempotency-Key requests that died, delete "
+        "expired receipts and keys (stale webhook and action claims need their handlers and "
+        "tools: --app or --config); with --config, the store instead of the file's",
+    )
     _add(sweep, "batch", "receipts per batch", 100, type=int)
 
     worker = sub.add_parser(
@@ -287,6 +294,12 @@ def _load_receiver(spec: str) -> Receiver:
     return app
 
 
+async def _sweep_store(url: str, batch: int) -> SweepReport:
+    """One pass of the sweeper an app without a Receiver has (receiver/_sweeper.py)."""
+    async with store_from_url(url) as store:
+        return await KeySweeper(store, {}, None).run_once(batch=batch)
+
+
 def _config_receiver(args: argparse.Namespace) -> Receiver:
     """The Receiver of ``--config``: providers, secrets, handlers, and the file's store unless
     ``--store`` or RECEIVER_STORE (also for ``sweep``, which has no --store) overrides it."""
@@ -305,13 +318,21 @@ def _check_config_alone(args: argparse.Namespace) -> None:
 
 
 def sweep_command(args: argparse.Namespace) -> int:
-    rx = _config_receiver(args) if args.config else _load_receiver(args.app)
+    if args.store and not args.config:
+        if args.app != DEFAULT_APP:
+            raise ReceiverError(
+                "--store sweeps a store without an app, --app sweeps with the app's handlers: "
+                "give one of them (the app's own store is the one it is built with)"
+            )
+        report = asyncio.run(_sweep_store(args.store, args.batch))
+    else:
+        rx = _config_receiver(args) if args.config else _load_receiver(args.app)
 
-    async def run() -> SweepReport:
-        async with rx:
-            return await rx.sweep(batch=args.batch)
+        async def run() -> SweepReport:
+            async with rx:
+                return await rx.sweep(batch=args.batch)
 
-    report = asyncio.run(run())
+        report = asyncio.run(run())
     print(
         f"recovered {report.recovered}, failed {report.failed}, released {report.released}, "
         f"skipped {report.skipped}, deleted {report.deleted} expired"

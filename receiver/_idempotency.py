@@ -40,6 +40,7 @@ from ._payload import NotJSON, normalized
 from ._redact import describe
 from ._responses import replay
 from ._store import Connection, Store
+from ._sweeper import KeySweeper, SweepReport
 
 logger = logging.getLogger("receiver.idempotency")
 
@@ -110,6 +111,11 @@ class IdempotencyKeyMiddleware:
     a first request may run before a retry may run the endpoint again. ``wait``: how long a
     concurrent retry waits for the first answer before 409. ``replay_cache``: how many stored
     answers this process keeps to replay without a round trip (0: none).
+
+    ``sweep_interval``: the middleware's own sweeper, started with the app's lifespan: every so
+    many seconds (None: never) it gives back the keys of requests that died mid-way (so that a
+    retry runs the endpoint, not "in progress" until someone else sweeps) and deletes expired
+    keys. ``await middleware.sweep()`` runs one pass.
     """
 
     def __init__(
@@ -127,6 +133,7 @@ class IdempotencyKeyMiddleware:
         max_body_size: int = 1024 * 1024,
         namespace: str = "api",
         replay_cache: int = 10_000,
+        sweep_interval: float | None = 60.0,
     ) -> None:
         if not 0 < lease <= ttl:
             raise ConfigurationError(
@@ -140,9 +147,15 @@ class IdempotencyKeyMiddleware:
                 "principal= must be a function of the ASGI scope returning who sent the "
                 "request (a tenant or client id), so that clients never share keys"
             )
+        if sweep_interval is not None and not sweep_interval > 0:
+            raise ConfigurationError(
+                f"sweep_interval must be positive seconds, or None, not {sweep_interval!r}"
+            )
         self.app = app
         self.store = store
         self.principal = principal
+        # Its recoverer is the sweeper's default for Idempotency-Key keys: release them.
+        self.sweeper = KeySweeper(store, {}, sweep_interval)
         self.methods = frozenset(m.upper() for m in methods)
         self.paths = None if paths is None else tuple(paths)
         self.required = tuple(required)
@@ -165,7 +178,14 @@ class IdempotencyKeyMiddleware:
         # round trip (receiver/_cache.py).
         self._cache = ReplayCache(replay_cache) if replay_cache > 0 else None
 
+    async def sweep(self, *, batch: int = 100) -> SweepReport:
+        """One sweeper pass: release keys whose request died, delete expired ones."""
+        return await self.sweeper.run_once(batch=batch)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, self._lifespan(receive), send)
+            return
         if scope["type"] != "http" or scope["method"] not in self.methods:
             await self.app(scope, receive, send)
             return
@@ -204,6 +224,20 @@ class IdempotencyKeyMiddleware:
         response = await self._keyed(scope, receive, send, key, str(principal), body)
         if response is not None:
             await response(scope, receive, send)
+
+    def _lifespan(self, receive: Receive) -> Receive:
+        """The app's lifespan messages, passed on; the sweeper runs between its startup and its
+        shutdown, as a Receiver's does."""
+
+        async def wrapped() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self.sweeper.start()
+            elif message["type"] == "lifespan.shutdown":
+                await self.sweeper.stop()
+            return message
+
+        return wrapped
 
     async def _keyed(
         self, scope: Scope, receive: Receive, send: Send, key: str, principal: str, body: bytes

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -62,7 +63,7 @@ class SweepReport:
 
 async def sweep(
     store: Store,
-    pipeline: Pipeline,
+    pipeline: Pipeline | None,
     providers: Mapping[str, Provider],
     *,
     now: float | None,
@@ -76,7 +77,11 @@ async def sweep(
     """One pass: recover stale in-flight receipts (``batch`` at a time, up to ``max_batches``
     batches), then delete expired ones (``delete_batch`` at a time) for at most ``budget``
     seconds. Expiry and leases are judged at ``now`` (the statements take None as the
-    database's own clock)."""
+    database's own clock).
+
+    Without a ``pipeline`` (an app that has only the action executor or the Idempotency-Key
+    middleware), stale webhook receipts are left to the Receiver that owns their handlers.
+    """
     deadline = time.monotonic() + budget
     tally: collections.Counter[str] = collections.Counter()
     for _ in range(max_batches):
@@ -97,7 +102,7 @@ async def sweep(
 
 async def _recover(
     store: Store,
-    pipeline: Pipeline,
+    pipeline: Pipeline | None,
     providers: Mapping[str, Provider],
     rows: Sequence[Row],
     now: float | None,
@@ -112,6 +117,9 @@ async def _recover(
             # An action or an Idempotency-Key request: its owner recovers it. Never marked
             # failed here, since an external action must not be judged without its reconcile.
             tally[await _recover_keyed(store, receipt, namespace, recoverers)] += 1
+            continue
+        if pipeline is None:
+            tally["skipped"] += 1  # a webhook receipt: its Receiver's sweeper recovers it
             continue
         provider = providers.get(key.provider)
         if provider is None:
@@ -219,3 +227,36 @@ async def sweep_forever(
                 logger.error("sweep failed: %s\n%s", describe(exc), stack(exc))
             else:
                 logger.exception("sweep failed")
+
+
+class KeySweeper:
+    """The sweeper of an app that has no Receiver: the action executor's or the Idempotency-Key
+    middleware's. Every ``interval`` seconds it recovers their stale keys (through
+    ``recoverers``, by namespace; the middleware's are released for the client's retry) and
+    deletes expired receipts, as the Receiver's sweeper does. Webhook receipts in the same
+    ledger are left to their Receiver."""
+
+    def __init__(
+        self, store: Store, recoverers: Mapping[str, Recoverer], interval: float | None
+    ) -> None:
+        self.store = store
+        self.recoverers = recoverers
+        self.interval = interval
+        self._task: asyncio.Task[None] | None = None
+
+    async def run_once(self, *, batch: int = 100) -> SweepReport:
+        return await sweep(
+            self.store, None, {}, now=self.store.now(), batch=batch, recoverers=self.recoverers
+        )
+
+    def start(self) -> None:
+        """Start the background passes (idempotent; nothing when ``interval`` is None)."""
+        if self.interval is not None and self._task is None:
+            self._task = asyncio.create_task(sweep_forever(self.run_once, self.interval))
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
