@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry
 from . import _keyed as keyed
 from ._agent_metrics import ActionMetrics
 from ._cache import ReplayCache
+from ._durations import Durations
 from ._exceptions import (
     ActionConflict,
     ActionError,
@@ -207,6 +208,8 @@ class Actions:
             raise ConfigurationError(f"wait must be >= 0 seconds, not {wait!r}")
         self.lease, self.window, self.wait = lease, window, wait
         self.encoder = encoder
+        #: How long each tool usually takes: a duplicate's retry_after (receiver/_durations.py).
+        self.durations = Durations()
         self._tools: dict[str, Tool] = {}
         self._waiters = keyed.Waiters()
         self._cache = ReplayCache(replay_cache) if replay_cache > 0 else None
@@ -378,7 +381,13 @@ class Actions:
                     receipt = latest
                 raise ActionInProgress(
                     f"action {action.key!r} is being executed by another attempt; retry later",
-                    retry_after=max(1.0, min(receipt.lease_until - receipt.now, 60.0)),
+                    retry_after=float(
+                        self.durations.retry_after(
+                            tool.name,
+                            receipt.now - receipt.claimed_at,
+                            receipt.lease_until - receipt.now,
+                        )
+                    ),
                 )
             if decision is Decision.RECOVER and tool.effects == "external":
                 return await self._recover_external(tool, action, receipt, turn)
@@ -459,8 +468,11 @@ class Actions:
             async with self.store.lazy() as tx:
                 try:
                     async with tx.deferred_transaction():
+                        began = time.monotonic()
                         result = await tool.func(call, tx) if answer is None else answer
                         returned = True
+                        if answer is None:
+                            self.durations.observe(tool.name, time.monotonic() - began)
                         stored = StoredResponse(200, _JSON, dumps(result, self.encoder))
                         await keyed.complete(self.store, tx, key, fence, stored)
                 except (Exception, asyncio.CancelledError) as exc:

@@ -21,7 +21,6 @@ import asyncio
 import hashlib
 import inspect
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import _keyed as keyed
 from ._cache import ReplayCache
+from ._durations import Durations
 from ._exceptions import ConfigurationError, InvalidIdempotencyKey, LeaseLost
 from ._idempotency_key import parse_key
 from ._ledger import Claim, Claimed, Decision, Key, Receipt, State, StoredResponse, decide
@@ -156,6 +156,8 @@ class IdempotencyKeyMiddleware:
         self.principal = principal
         # Its recoverer is the sweeper's default for Idempotency-Key keys: release them.
         self.sweeper = KeySweeper(store, {}, sweep_interval)
+        #: How long each route usually takes, for Retry-After (receiver/_durations.py).
+        self.durations = Durations()
         self.methods = frozenset(m.upper() for m in methods)
         self.paths = None if paths is None else tuple(paths)
         self.required = tuple(required)
@@ -278,13 +280,13 @@ class IdempotencyKeyMiddleware:
                     if latest is None or not keyed.live(latest):
                         continue
                     got = latest
-                return self._in_flight(got)
+                return self._in_flight(got, scope["path"])
             fence = await keyed.reclaim(self.store, claim, got.fence)
             if fence is not None:
                 return await self._run(
                     scope, receive, send, claim, fence, (key, principal, body), arrived
                 )
-        return self._in_flight(None)
+        return self._in_flight(None, scope["path"])
 
     async def _run(
         self,
@@ -327,7 +329,9 @@ class IdempotencyKeyMiddleware:
                 context = IdempotentRequest(key, principal, fence, tx, downstream[:44])
                 try:
                     async with tx.deferred_transaction():
+                        began = time.monotonic()
                         await self.app({**scope, _SCOPE_KEY: context}, replayed_body, capture)
+                        self.durations.observe(scope["path"], time.monotonic() - began)
                         if start is None:
                             raise _Unstored("the endpoint sent no response")
                         if start["status"] >= 500:
@@ -363,8 +367,16 @@ class IdempotencyKeyMiddleware:
         detail = "this Idempotency-Key was already used with a different request"
         return _problem(422, "key-reused", "Idempotency-Key reused", detail)
 
-    def _in_flight(self, receipt: Receipt | None) -> Response:
-        wait = 1 if receipt is None else max(1, math.ceil(receipt.lease_until - receipt.now))
+    def _in_flight(self, receipt: Receipt | None, path: str) -> Response:
+        """409 with a Retry-After of when the first request most likely ends: how long this
+        route usually takes, less how long it has run, within its lease (at least 1 s)."""
+        wait = (
+            1
+            if receipt is None
+            else self.durations.retry_after(
+                path, receipt.now - receipt.claimed_at, receipt.lease_until - receipt.now
+            )
+        )
         detail = "a request with this Idempotency-Key is still being processed; retry later"
         return _problem(409, "in-flight", "Request in progress", detail, retry_after=wait)
 

@@ -376,3 +376,28 @@ async def test_the_examples_function_tool_stops_the_run_on_needs_review(store: S
     )
     with pytest.raises(NeedsPerson, match="needs a person"):
         await tools["send_email"].invoke(orjson.dumps(arguments).decode(), "m-1", None)
+
+
+async def test_retry_after_is_when_the_first_attempt_likely_ends(store: Store) -> None:
+    actions = await executor(store, lease=60.0, wait=0.0)
+    gate = asyncio.Event()
+    gate.set()
+    started = asyncio.Event()
+
+    @actions.tool("quick")
+    async def quick(call: ToolCall, tx: Connection) -> Any:
+        started.set()
+        await gate.wait()
+        return {}
+
+    await actions.execute(actions.propose("quick", scope=TENANT, action_id="q-1", request={}))
+    gate.clear()
+    started.clear()
+    slow = actions.propose("quick", scope=TENANT, action_id="q-2", request={})
+    first = asyncio.create_task(actions.execute(slow))
+    await started.wait()
+    with pytest.raises(ActionInProgress) as caught:
+        await actions.execute(slow)
+    gate.set()
+    await first
+    assert caught.value.retry_after == 1.0  # not the 60 s the lease still has

@@ -169,3 +169,36 @@ def test_a_required_path_outside_paths_is_refused_at_start_up(sqlite_store: Stor
         build(["/api/*"], ["/admin/*"])
     build(["/api/*"], ["/api/payments", "/api/refunds/*"])  # covered
     build(None, ["/anything"])  # every path is seen
+
+
+async def test_retry_after_is_when_the_first_request_likely_ends(store: Store) -> None:
+    """Issue 19 item 10: not the remaining 60 s lease for a request that takes a moment."""
+    gate = asyncio.Event()
+    gate.set()
+    started = asyncio.Event()
+
+    async def quick(request: Request) -> Response:
+        started.set()
+        await gate.wait()
+        return JSONResponse({}, 201)
+
+    asgi = Starlette(
+        routes=[Route("/quick", quick, methods=["POST"])],
+        middleware=[
+            Middleware(IdempotencyKeyMiddleware, store=store, principal=lambda s: "t", lease=60.0)
+        ],
+    )
+    transport = httpx.ASGITransport(app=asgi)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        assert (await client.post("/quick", json={}, headers={"idempotency-key": '"a"'})).is_success
+        gate.clear()
+        started.clear()
+        first = asyncio.create_task(
+            client.post("/quick", json={}, headers={"idempotency-key": '"b"'})
+        )
+        await started.wait()
+        duplicate = await client.post("/quick", json={}, headers={"idempotency-key": '"b"'})
+        gate.set()
+        await first
+    assert duplicate.status_code == 409
+    assert duplicate.headers["retry-after"] == "1"
