@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import importlib
+import inspect
 import logging.config
 import os
 import signal
@@ -112,6 +113,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add(worker, "store", STORE_HELP)
     _add(worker, "concurrency", "attempts run at once by this process", 16, type=int)
     _add(worker, "poll-interval", "seconds between polls when no NOTIFY arrives", 1.0, type=float)
+    _add(
+        worker,
+        "stale-interval",
+        "seconds between looks for deliveries a dead worker left in flight (each is taken over "
+        "once its lease ran out: at most lease + this after the death)",
+        5.0,
+        type=float,
+    )
+    worker.add_argument(
+        "--factory",
+        action="store_true",
+        default=os.environ.get("RECEIVER_FACTORY", "") not in ("", "0", "false"),
+        help="--app names a function that builds the Receiver, called as app(store=URL) when "
+        "--store is given, else app() [env RECEIVER_FACTORY]",
+    )
     _add(worker, "grace", "on SIGTERM, seconds to let running attempts finish", 30.0, type=float)
     _add(worker, "metrics-port", "serve Prometheus metrics on this port (0: none)", 0, type=int)
     _add(worker, "log-level", "log level", "info")
@@ -294,6 +310,28 @@ def _load_receiver(spec: str) -> Receiver:
     return app
 
 
+def _build_receiver(spec: str, store: str | None) -> Receiver:
+    """``--app module:factory --factory``: the Receiver a function builds, as uvicorn's
+    ``--factory`` does; ``--store`` reaches it as its ``store`` argument."""
+    factory = _load_app(spec)
+    if not callable(factory):
+        raise ReceiverError(f"--factory: {spec} is a {type(factory).__name__}, not a function")
+    if store is not None:
+        try:
+            inspect.signature(factory).bind(store=store)
+        except TypeError:
+            raise ReceiverError(
+                f"--store is given but {spec} takes no 'store' argument: define it as "
+                "def build(store: str | None = None) -> Receiver"
+            ) from None
+        app = factory(store=store)
+    else:
+        app = factory()
+    if not isinstance(app, Receiver):
+        raise ReceiverError(f"--factory: {spec}() returned a {type(app).__name__}, not a Receiver")
+    return app
+
+
 async def _sweep_store(url: str, batch: int) -> SweepReport:
     """One pass of the sweeper an app without a Receiver has (receiver/_sweeper.py)."""
     async with store_from_url(url) as store:
@@ -345,12 +383,15 @@ def worker_command(args: argparse.Namespace) -> int:
     logging.config.dictConfig(logging_config(args.log_format, args.log_level))
     if args.config:
         rx = _config_receiver(args)
+    elif args.factory:
+        rx = _build_receiver(args.app, args.store)
     else:
         _check_store_applies(args)
         if args.store:
             os.environ["RECEIVER_STORE"] = args.store
         rx = _load_receiver(args.app)
     _positive("--concurrency", args.concurrency)
+    _positive("--stale-interval", args.stale_interval)
     if rx.store.dialect == "sqlite":
         print(
             "receiver: worker on SQLite: run a single worker process (SQLite has one writer)",
@@ -359,7 +400,10 @@ def worker_command(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         worker = rx.worker(
-            concurrency=args.concurrency, poll_interval=args.poll_interval, grace=args.grace
+            concurrency=args.concurrency,
+            poll_interval=args.poll_interval,
+            stale_interval=args.stale_interval,
+            grace=args.grace,
         )
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

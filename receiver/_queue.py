@@ -164,6 +164,13 @@ async def stale(conn: Connection, now: float | None, limit: int) -> list[Row]:
     return await conn.run_all("queue_stale", now, limit)
 
 
+async def next_due(conn: Connection, now: float | None) -> float | None:
+    """Seconds until the earliest queued receipt is due (0 if one is due); None if none is."""
+    row = await conn.run("queue_next_due", now)
+    wait = None if row is None else row["wait"]
+    return None if wait is None else max(0.0, float(wait))
+
+
 async def depth(conn: Connection, now: float | None) -> list[Row]:
     """Per provider: receipts due now, waiting for a retry, and the oldest due one's due_at."""
     return await conn.run_all("queue_depth", now)

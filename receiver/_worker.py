@@ -121,8 +121,15 @@ class Worker:
                     got = await self._guarded(self._fetch(free))
                     if got == free:
                         continue  # probably more due: fetch again without waiting
+                # Until the next NOTIFY, the next poll, or the earliest retry falling due,
+                # whichever comes first: a retry scheduled 0.2 s out runs 0.2 s out.
+                wait = self.poll_interval
+                if free > 0:
+                    due = await self._guarded(self._next_due())
+                    # (A floor: a due row another worker is fetching right now is not ours.)
+                    wait = min(wait, max(due, 0.01)) if due >= 0 else wait
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.poll_interval):
+                    async with asyncio.timeout(wait):
                         await self._wakeup.wait()
         finally:
             listener.cancel()
@@ -130,17 +137,24 @@ class Worker:
                 await listener
             await self._drain()
 
-    async def _guarded(self, step: Any) -> int:
+    async def _guarded(self, step: Any) -> float:
         """One fetch or stale scan; a worker outlives any failure of one (the database
         restarting, a connection broken mid-statement): it logs it and polls again."""
         try:
-            return int(await step)
+            return float(await step)
         except StoreUnavailable as exc:
             logger.warning("worker: store unavailable (%s); retrying", exc)
         except Exception:
             logger.exception("worker: fetch failed; retrying")
         await asyncio.sleep(min(self.poll_interval, 1.0))
         return 0
+
+    async def _next_due(self) -> float:
+        """Seconds until the earliest queued receipt is due; -1 when none is queued."""
+        store = self.rx.store
+        async with store.acquire() as conn:
+            due = await queue.next_due(conn, store.now())
+        return -1.0 if due is None else due
 
     async def _fetch(self, limit: int) -> int:
         store = self.rx.store

@@ -471,6 +471,15 @@ WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state = 'failed'
   AND due_at IS NOT NULL
 RETURNING fence;
 
+-- name: queue_next_due
+-- Seconds until the earliest queued receipt is due (<= 0: one is due now; NULL: none queued),
+-- so that an idle worker wakes for a retry when it is due, not on its next poll. The first
+-- entry of receiver_receipts_due.
+SELECT extract(epoch FROM min(due_at) - COALESCE(to_timestamp($1::float8),
+                                                 statement_timestamp()))::float8 AS wait
+FROM receiver_receipts
+WHERE state = 'queued';
+
 -- name: queue_depth
 -- For the metrics: queued receipts per provider (due now, and waiting for a retry), and the
 -- oldest due one. Reads only queued rows (receiver_receipts_due).

@@ -343,6 +343,14 @@ WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'failed'
   AND due_at IS NOT NULL
 RETURNING fence;
 
+-- name: queue_next_due
+-- Seconds until the earliest queued receipt is due (<= 0: one is due now; NULL: none queued),
+-- so that an idle worker wakes for a retry when it is due, not on its next poll. The first
+-- entry of receiver_receipts_due.
+SELECT min(due_at) - COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0) AS wait
+FROM receiver_receipts
+WHERE state = 'queued';
+
 -- name: queue_depth
 SELECT provider,
        sum(due_at <= t.now) AS due,
