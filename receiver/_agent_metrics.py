@@ -16,8 +16,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 #: The ``result`` label of stale action claims (as the receiver's stale leases).
 STALE_RESULTS = ("recovered", "failed", "released", "skipped")
 
-# How many recent turns are remembered to tell a new key of a turn from a repeated one.
+# How many recent turns are remembered to tell a new key of a turn from a repeated one (least
+# recently used forgotten first), and how many keys of one turn: a turn past that is already an
+# anomaly the gauge shows, and memory stays bounded however long a ``turn=`` lives.
 _TURNS_KEPT = 10_000
+_KEYS_PER_TURN = 1_000
 
 
 class ActionMetrics:
@@ -90,16 +93,29 @@ class ActionMetrics:
 
     def turn(self, action: str, turn: str, key: str) -> None:
         """An execute of ``key`` in conversation turn ``turn``."""
-        keys = self._seen.get((action, turn))
+        seen = (action, turn)
+        keys = self._seen.get(seen)
         if keys is None:
-            keys = self._seen[(action, turn)] = set()
+            keys = self._seen[seen] = set()
             self.turns.labels(action).inc()
-            if len(self._seen) > _TURNS_KEPT:
-                self._seen.popitem(last=False)
-        if key in keys:
+            while len(self._seen) > _TURNS_KEPT:
+                self._forget(*self._seen.popitem(last=False))
+        else:
+            self._seen.move_to_end(seen)  # recently used: kept longest
+        if key in keys or len(keys) >= _KEYS_PER_TURN:
             return
         keys.add(key)
         self.turn_keys.labels(action).inc()
         if len(keys) > self._max.get(action, 0):
             self._max[action] = len(keys)
             self.max_keys_per_turn.labels(action).set(len(keys))
+
+    def _forget(self, seen: tuple[str, str], keys: set[str]) -> None:
+        """A turn left the remembered ones: if it held its action's maximum, the gauge falls to
+        the largest of the turns still remembered (it reports recent turns only)."""
+        action = seen[0]
+        if len(keys) < self._max.get(action, 0):
+            return
+        largest = max((len(k) for (a, _), k in self._seen.items() if a == action), default=0)
+        self._max[action] = largest
+        self.max_keys_per_turn.labels(action).set(largest)
