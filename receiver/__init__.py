@@ -27,6 +27,7 @@ from ._exceptions import (
 )
 from ._handlers import Handler
 from ._idempotency import IdempotencyKeyMiddleware, IdempotentRequest, idempotent_request
+from ._keyed import FailedAttempt, KeyState
 from ._ledger import Receipt, State, StoredResponse
 from ._logging import JSONFormatter
 from ._metrics import Metrics
@@ -77,12 +78,14 @@ __all__ = [
     "Connection",
     "DedupWindow",
     "Event",
+    "FailedAttempt",
     "GitHub",
     "Handler",
     "IdempotencyKeyMiddleware",
     "IdempotentRequest",
     "InvalidIdempotencyKey",
     "JSONFormatter",
+    "KeyState",
     "LeaseLost",
     "MalformedRequest",
     "Metrics",

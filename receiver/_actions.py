@@ -43,10 +43,12 @@ from ._exceptions import (
     ConfigurationError,
     LeaseLost,
 )
+from ._keyed import KeyState
 from ._ledger import Claim, Claimed, Decision, Key, Receipt, State, StoredResponse, decide
 from ._pipeline import RunAgain
 from ._redact import describe
 from ._results import Encoder, NotStorable, dumps
+from ._review import record_review
 from ._store import Connection, Store
 from ._sweeper import KeySweeper, SweepReport
 
@@ -236,6 +238,14 @@ class Actions:
             # One sweeper for webhooks and actions: stale action claims come back here.
             target.recoverers[keyed.ACTION] = self.recover
         self.metrics: ActionMetrics | None = ActionMetrics(registry) if metrics else None
+
+    async def inspect(self, action: Action | str) -> KeyState | None:
+        """What the ledger holds for ``action`` (an Action, or its key), read without acting
+        on it: state, fence, failed attempts with their redacted errors, the stored result,
+        and whether it needs review. Unlike :meth:`execute`, it never claims or recovers."""
+        key = action.key if isinstance(action, Action) else action
+        tool = action.tool if isinstance(action, Action) else _tool_of(key)
+        return await keyed.inspect(self.store, Key(f"{keyed.ACTION}:{tool}", key))
 
     # -- the sweeper ---------------------------------------------------------------------------
 
@@ -540,10 +550,7 @@ class Actions:
             f"the external tool acted but returned a {exc.type_name}, which cannot be stored; "
             "an operator was alerted"
         )
-        body = orjson.dumps({"error": "needs_review", "detail": detail})
-        await keyed.complete(
-            self.store, None, key, fence, StoredResponse(409, _JSON, body), State.FAILED
-        )
+        await self._store_review(key, fence, detail)
         self._count_stale(tool, "failed")
         raise ActionNeedsReview(detail) from exc
 
@@ -592,12 +599,11 @@ class Actions:
                 extra={"action": tool.name, "scope": action.scope, "action_id": action.action_id},
             )
             detail = (
-                "an attempt of this external tool was interrupted and cannot be safely re-run; "
+                "an attempt of this external tool was interrupted and it has no reconcile(): it "
+                "cannot be safely re-run; "
                 "an operator was alerted"
             )
-            body = orjson.dumps({"error": "needs_review", "detail": detail})
-            failed = StoredResponse(409, _JSON, body)
-            await keyed.complete(self.store, None, key, fence, failed, State.FAILED)
+            await self._store_review(key, fence, detail)
             self._count_stale(tool, "failed")
             raise ActionNeedsReview(detail)
         call = ToolCall(action, fence, downstream_key(action.key), turn)
@@ -616,6 +622,15 @@ class Actions:
         if isinstance(answer, RunAgain):
             return await self._run(tool, action, fence, turn)
         return await self._run(tool, action, fence, turn, answer=answer)
+
+    async def _store_review(self, key: Key, fence: int, detail: str) -> None:
+        """The final answer that needs a person, with the reason kept as the attempt's error
+        (what ``inspect`` and ``receiver failed`` show)."""
+        body = orjson.dumps({"error": "needs_review", "detail": detail})
+        async with self.store.acquire() as conn:
+            await record_review(
+                conn, key, fence, StoredResponse(409, _JSON, body), detail, self.store.now()
+            )
 
     async def _ran_twice(self, tool: Tool, key: Key, fence: int) -> None:
         """The tool ran to the end and its fenced completion was refused: if another attempt
@@ -651,6 +666,14 @@ class Actions:
 
     def __repr__(self) -> str:
         return f"Actions(store={self.store.url!r}, tools={sorted(self._tools)!r})"
+
+
+def _tool_of(key: str) -> str:
+    """The tool's name in an action key (``scope:tool:object:v1``, each part percent-encoded)."""
+    parts = key.split(":")
+    if len(parts) != 4 or not parts[3].startswith("v"):
+        raise ActionError(f"{key!r} is not an action key (scope:tool:object:vN)")
+    return urllib.parse.unquote(parts[1])
 
 
 def _body(request: Mapping[str, Any]) -> bytes:

@@ -27,6 +27,7 @@ import asyncpg
 import httpx
 import orjson
 
+from . import _keyed as keyed
 from . import _ledger as ledger
 from ._app import DEFAULT_STORE, Receiver
 from ._config import load_config
@@ -137,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("provider")
     inspect.add_argument("webhook_id")
     _add(inspect, "store", "store URL", DEFAULT_STORE)
+    inspect.add_argument(
+        "--principal",
+        default=None,
+        help="for an Idempotency-Key (PROVIDER idem:NAMESPACE, WEBHOOK_ID the key): whose key",
+    )
 
     failed = sub.add_parser("failed", help="list receipts whose handlers failed")
     _add(failed, "store", "store URL", DEFAULT_STORE)
@@ -492,6 +498,11 @@ def _read(store: Store, run: Callable[[], Coroutine[Any, Any, T]]) -> T:
 def inspect_command(args: argparse.Namespace) -> int:
     provider = _text_argument("provider", args.provider)
     webhook_id = _text_argument("webhook id", args.webhook_id)
+    if args.principal is not None:
+        if keyed.namespace(provider) != keyed.IDEMPOTENCY:
+            raise ReceiverError("--principal is for Idempotency-Keys: PROVIDER idem:NAMESPACE")
+        principal = _text_argument("--principal", args.principal)
+        webhook_id = orjson.dumps([principal, webhook_id]).decode()
     store = _existing_store(args.store)
 
     async def run() -> tuple[Receipt | None, list[Row]]:
@@ -505,7 +516,9 @@ def inspect_command(args: argparse.Namespace) -> int:
         print(f"no receipt for {args.provider}/{args.webhook_id}", file=sys.stderr)
         return 1
     print(f"receipt      {args.provider}/{args.webhook_id}")
-    print(f"state        {receipt.state.value} (fence {receipt.fence})")
+    print(f"kind         {_kind(provider, webhook_id)}")
+    review = " - NEEDS REVIEW by a person" if keyed.needs_review(receipt) else ""
+    print(f"state        {receipt.state.value} (fence {receipt.fence}){review}")
     print(f"event type   {receipt.event_type or '-'}")
     print(f"claimed at   {_when(receipt.claimed_at)}")
     print(f"lease until  {_when(receipt.lease_until)}")
@@ -537,16 +550,39 @@ def failed_command(args: argparse.Namespace) -> int:
         return 0
     for row in rows:
         error = (row["last_error"] or "").splitlines()[0][:80] if row["last_error"] else "-"
+        kind = {keyed.ACTION: "action", keyed.IDEMPOTENCY: "idempotency-key"}.get(
+            keyed.namespace(row["provider"]) or "", "webhook"
+        )
         print(
-            f"{row['provider']}/{row['webhook_id']}  {row['state']}  type={row['event_type']}  "
-            f"attempts={row['attempts']}  claimed={_when(row['claimed_at'])}  {error}"
+            f"{row['provider']}/{row['webhook_id']}  {kind}  {row['state']}  "
+            f"type={row['event_type']}  attempts={row['attempts']}  "
+            f"claimed={_when(row['claimed_at'])}  {error}"
         )
     print(
-        "replay one: receiver replay PROVIDER WEBHOOK_ID --app mod:attr; "
-        "all of them: receiver replay --all-failed --app mod:attr",
+        "webhooks: replay one with receiver replay PROVIDER WEBHOOK_ID --app mod:attr, all of "
+        "them with receiver replay --all-failed --app mod:attr; actions and Idempotency-Keys "
+        "run again when their caller retries (receiver inspect PROVIDER KEY for details)",
         file=sys.stderr,
     )
     return 0
+
+
+def _kind(provider: str, webhook_id: str) -> str:
+    """What a ledger row is, for people: a webhook delivery, an agent action or a keyed
+    request (their rows share the ledger under a namespaced provider)."""
+    namespace = keyed.namespace(provider)
+    if namespace == keyed.ACTION:
+        return f"agent action of tool {provider.partition(':')[2]} (actions.inspect(key) in code)"
+    if namespace == keyed.IDEMPOTENCY:
+        try:
+            principal, key = orjson.loads(webhook_id)
+        except (orjson.JSONDecodeError, ValueError, TypeError):
+            return "Idempotency-Key request"
+        return (
+            f"Idempotency-Key request of {provider.partition(':')[2]}: principal {principal!r}, "
+            f"key {key!r}"
+        )
+    return "webhook delivery"
 
 
 def replay_command(args: argparse.Namespace) -> int:

@@ -35,6 +35,7 @@ from ._cache import ReplayCache
 from ._durations import Durations
 from ._exceptions import ConfigurationError, InvalidIdempotencyKey, LeaseLost
 from ._idempotency_key import parse_key
+from ._keyed import KeyState
 from ._ledger import Claim, Claimed, Decision, Key, Receipt, State, StoredResponse, decide
 from ._payload import NotJSON, normalized
 from ._redact import describe
@@ -179,6 +180,12 @@ class IdempotencyKeyMiddleware:
         # A stored answer never changes until it expires: replays by this process need no
         # round trip (receiver/_cache.py).
         self._cache = ReplayCache(replay_cache) if replay_cache > 0 else None
+
+    async def inspect(self, principal: str, key: str) -> KeyState | None:
+        """What the ledger holds for ``key`` of ``principal`` (the Idempotency-Key's value, as
+        the client sent it, unquoted), read without acting on it."""
+        webhook_id = orjson.dumps([principal, key]).decode()
+        return await keyed.inspect(self.store, Key(self.provider, webhook_id))
 
     async def sweep(self, *, batch: int = 100) -> SweepReport:
         """One sweeper pass: release keys whose request died, delete expired ones."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from . import _ledger as ledger
 from ._ledger import Claim, Claimed, Key, Receipt, State, StoredResponse
@@ -74,6 +75,79 @@ async def unresolved(store: Store, key: Key, fence: int, error: str) -> bool:
     message = error.replace("\x00", "\\x00")[:2000]
     async with store.acquire() as conn:
         return await ledger.unresolved(conn, key, fence, message, store.now())
+
+
+@dataclass(frozen=True, slots=True)
+class FailedAttempt:
+    """One failed attempt of a key: its fence, when (epoch seconds), and its redacted error."""
+
+    fence: int
+    failed_at: float
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class KeyState:
+    """What the ledger holds for an action's or an Idempotency-Key request's key, read without
+    acting on it (no claim, no recovery): :meth:`Actions.inspect` and the middleware's
+    ``inspect``.
+
+    ``state`` is ``in_flight``, ``completed``, ``failed`` or ``released``; ``needs_review`` is
+    True for a failed key that a person must look at; ``result`` is the stored answer's bytes
+    (a tool's result, an endpoint's body, or the stored failure) and ``status`` its status.
+    """
+
+    namespace: str
+    key: str
+    state: State
+    fence: int
+    needs_review: bool
+    claimed_at: float
+    lease_until: float
+    expires_at: float
+    completed_at: float | None
+    status: int | None
+    result: bytes | None
+    last_error: str | None
+    attempts: tuple[FailedAttempt, ...]
+
+
+async def inspect(store: Store, key: Key) -> KeyState | None:
+    """The key's state, its attempts (errors redacted when they were stored) and its stored
+    answer; None if the ledger has no such key (never claimed, or expired and deleted)."""
+    async with store.acquire() as conn:
+        receipt = await ledger.lookup(conn, key, store.now())
+        if receipt is None:
+            return None
+        rows = await conn.run_all("list_attempts", key.provider, key.webhook_id)
+    response = receipt.response
+    return KeyState(
+        namespace=key.provider,
+        key=key.webhook_id,
+        state=receipt.state,
+        fence=receipt.fence,
+        needs_review=needs_review(receipt),
+        claimed_at=receipt.claimed_at,
+        lease_until=receipt.lease_until,
+        expires_at=receipt.expires_at,
+        completed_at=receipt.completed_at,
+        status=None if response is None else response.status,
+        result=None if response is None else response.body,
+        last_error=receipt.last_error,
+        attempts=tuple(
+            FailedAttempt(int(r["fence"]), float(r["failed_at"]), str(r["error"])) for r in rows
+        ),
+    )
+
+
+def needs_review(receipt: Receipt) -> bool:
+    """A failed receipt whose stored answer says a person must look."""
+    response = receipt.response
+    return (
+        receipt.state is State.FAILED
+        and response is not None
+        and b'"needs_review"' in response.body[:200]
+    )
 
 
 class Waiters:

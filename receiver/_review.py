@@ -31,10 +31,7 @@ async def needs_review(
 ) -> None:
     """Store ``answer`` as the final one under ``fence`` and keep ``reason``; raises LeaseLost
     (nothing changed) if a newer claim owns the key."""
-    async with conn.transaction():
-        await ledger.complete(conn, key, fence, answer, now, state=State.FAILED)
-        await conn.run("note_failure", key.provider, key.webhook_id, fence, reason)
-        await conn.run("record_attempt", key.provider, key.webhook_id, fence, now, reason)
+    await record_review(conn, key, fence, answer, reason, now)
     logger.error(
         "ALERT: receipt needs review: %s",
         reason,
@@ -42,3 +39,14 @@ async def needs_review(
     )
     if metrics is not None:
         metrics.needs_review(key.provider)
+
+
+async def record_review(
+    conn: Connection, key: Key, fence: int, answer: StoredResponse, reason: str, now: float | None
+) -> None:
+    """The ledger's part of :func:`needs_review` (no alert): the final answer, the reason in
+    ``last_error`` and an attempt row, in one transaction."""
+    async with conn.transaction():
+        await ledger.complete(conn, key, fence, answer, now, state=State.FAILED)
+        await conn.run("note_failure", key.provider, key.webhook_id, fence, reason)
+        await conn.run("record_attempt", key.provider, key.webhook_id, fence, now, reason)
