@@ -554,7 +554,7 @@ def failed_command(args: argparse.Namespace) -> int:
             keyed.namespace(row["provider"]) or "", "webhook"
         )
         print(
-            f"{row['provider']}/{row['webhook_id']}  {kind}  {row['state']}  "
+            f"{row['provider']}/{row['webhook_id']}  {row['state']}  kind={kind}  "
             f"type={row['event_type']}  attempts={row['attempts']}  "
             f"claimed={_when(row['claimed_at'])}  {error}"
         )

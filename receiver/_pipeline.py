@@ -680,6 +680,10 @@ class Pipeline:
             )
         async with self.store.acquire() as conn:
             await ledger.release(conn, key, fence, message, self.store.now())
+        if isinstance(exc, StoreMisconfigured | StoreReadOnly):
+            # The handlers' own statement met the store's misconfiguration (a pooler not
+            # declared, a standby): released like any failure, answered as the store's, 503.
+            return self._unavailable(exc)
         if isinstance(exc, HandlerAnswered) and exc.response.status == 429:
             return Reply(replay(exc.response, replayed=False), Outcome.HANDLER_FAILED, fence)
         response = error(500, "handler_failed", "the handler failed; retry later")

@@ -42,6 +42,18 @@ _MISCONFIGURED = (
     ("42P01", "the ledger's tables are missing: run `receiver migrate`"),
     ("42703", "the ledger's tables are out of date: run `receiver migrate`"),
     (
+        "42P05",  # duplicate_prepared_statement
+        "the store URL reaches a connection pooler in transaction mode (PgBouncer, Supavisor, "
+        "RDS Proxy), which moves prepared statements between sessions: add ?pooler=transaction "
+        "to the store URL",
+    ),
+    (
+        "26000",  # invalid_sql_statement_name: "prepared statement ... does not exist"
+        "the store URL reaches a connection pooler in transaction mode (PgBouncer, Supavisor, "
+        "RDS Proxy), which moves prepared statements between sessions: add ?pooler=transaction "
+        "to the store URL",
+    ),
+    (
         "42501",
         "the role lacks privileges on the ledger's tables: GRANT SELECT, INSERT, UPDATE, DELETE "
         "ON receiver_receipts, receiver_attempts TO the store URL's role",
@@ -69,6 +81,12 @@ def classify(exc: BaseException) -> StoreUnavailable | None:
     return None
 
 
+# Prepared statements that vanish or collide between the transactions of one connection: a
+# transaction-mode pooler under a store not told about it. Whatever the statement (the ledger's,
+# a migration check's or a handler's own), the fix is the store URL's.
+_POOLER_SQLSTATES = ("42P05", "26000")
+
+
 @contextlib.contextmanager
 def _translated() -> Any:
     try:
@@ -76,6 +94,10 @@ def _translated() -> Any:
     except BaseException as exc:
         if is_unavailable(exc):
             raise StoreUnavailable(f"PostgreSQL unavailable: {type(exc).__name__}") from exc
+        if isinstance(exc, asyncpg.PostgresError) and exc.sqlstate in _POOLER_SQLSTATES:
+            error = classify(exc)
+            assert error is not None
+            raise error from exc
         raise
 
 
@@ -150,11 +172,36 @@ async def _no_reset(conn: asyncpg.Connection) -> None:
     pool's default reset query on every release is a wasted round trip."""
 
 
+POOLER_MODES = ("none", "session", "transaction")
+
+
+def split_pooler(dsn: str) -> tuple[str, str | None, str | None]:
+    """The DSN without the receiver's own query parameters, and their values: ``pooler``
+    (``transaction`` behind PgBouncer & co in transaction mode) and ``listen_url`` (a direct
+    URL for the queued workers' LISTEN). asyncpg would send unknown parameters to the server
+    as settings, which a pooler refuses."""
+    parts = urllib.parse.urlsplit(dsn)
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    kept = [(k, v) for k, v in query if k not in ("pooler", "listen_url")]
+    found = dict(query)
+    clean = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(kept)))
+    return clean, found.get("pooler"), found.get("listen_url")
+
+
 class PostgresStore(Store):
     """Receipts in PostgreSQL.
 
     Give it a DSN to own a pool (opened by the Receiver's lifespan), or ``pool=`` to share the
     application's existing asyncpg pool (the store then neither opens nor closes it).
+
+    Behind a connection pooler in transaction mode (PgBouncer's ``pool_mode = transaction``,
+    Supabase's and Heroku's poolers, Supavisor, RDS Proxy), say so: ``pooler="transaction"``
+    or ``?pooler=transaction`` in the URL. Statements are then never kept prepared across
+    transactions (asyncpg's statement cache is off), and the queued workers' LISTEN, which
+    needs a session of its own, goes to ``listen_url=`` (``?listen_url=`` with the direct URL,
+    percent-encoded) or, without one, is replaced by polling. The ledger keeps no other session
+    state: no SET, no session advisory lock (migrations take a transaction-level one), no temp
+    tables.
     """
 
     dialect = "postgresql"
@@ -170,8 +217,25 @@ class PostgresStore(Store):
         connect_timeout: float = 5.0,
         clock: Callable[[], float] | None = None,
         batch_flushes: int | None = None,
+        pooler: str | None = None,
+        listen_url: str | None = None,
     ) -> None:
         self.clock = clock
+        if dsn is not None:
+            dsn, url_pooler, url_listen = split_pooler(dsn)
+            pooler = pooler or url_pooler
+            listen_url = listen_url or url_listen
+        if pooler is not None and pooler not in POOLER_MODES:
+            from ._exceptions import ConfigurationError
+
+            raise ConfigurationError(
+                f"pooler={pooler!r}: use 'transaction' behind a pooler in transaction mode "
+                "(PgBouncer, Supavisor, RDS Proxy), 'session' or 'none' otherwise"
+            )
+        #: "transaction" behind a transaction-mode pooler: no statement outlives its
+        #: transaction, and LISTEN needs ``listen_url``.
+        self.pooler = pooler or "none"
+        self.listen_url = listen_url
         if batch_flushes is None:
             # Up to 4 batched statements in flight, never more than half the pool: the rest is
             # for handlers' transactions.
@@ -222,7 +286,14 @@ class PostgresStore(Store):
                 max_size=self._max_size,
                 reset=_no_reset,
                 timeout=self._connect_timeout,
+                **self._connect_options(),
             )
+
+    def _connect_options(self) -> dict[str, Any]:
+        """Behind a transaction-mode pooler, two transactions of one client connection may run
+        on two server sessions: a statement prepared in one is unknown (or a duplicate) in the
+        other, so none is kept."""
+        return {"statement_cache_size": 0} if self.pooler == "transaction" else {}
 
     async def close(self) -> None:
         if self._aside is not None:
@@ -276,16 +347,49 @@ class PostgresStore(Store):
             conn = self._aside
             if conn is None or conn.is_closed():
                 with _translated():
-                    conn = await asyncpg.connect(self._dsn, timeout=self._connect_timeout)
+                    conn = await asyncpg.connect(
+                        self._dsn, timeout=self._connect_timeout, **self._connect_options()
+                    )
                 self._aside = conn
             yield PostgresConnection(conn)
+
+    async def migrate(self) -> list[str]:
+        """As :meth:`Store.migrate`; behind a transaction-mode pooler, on a session of its own
+        (``listen_url``, the direct URL): the migrations' advisory lock is a session's, and
+        ``CREATE INDEX CONCURRENTLY`` runs outside any transaction."""
+        if self.pooler != "transaction":
+            return await super().migrate()
+        if self.listen_url is None:
+            from ._exceptions import ConfigurationError
+
+            raise ConfigurationError(
+                "migrations need a session of their own, which a transaction-mode pooler does "
+                "not give: run `receiver migrate --store DIRECT_URL`, or give listen_url= (the "
+                "direct URL) to the store"
+            )
+        direct = PostgresStore(self.listen_url, max_size=2, clock=self.clock)
+        async with direct:
+            return await direct.migrate()
+
+    def listens(self) -> str | None:
+        """Where a worker's LISTEN goes ("listen_url", "the store URL"), or None when it cannot
+        listen (a transaction-mode pooler and no listen_url, or a shared pool): it polls."""
+        if self.listen_url is not None:
+            return "listen_url"
+        if self._dsn is None or self.pooler == "transaction":
+            return None
+        return "the store URL"
 
     async def connect_alone(self) -> asyncpg.Connection:
         """A connection of its own, outside the pool, for a worker's LISTEN (a pooled one
         would carry the LISTEN to its next borrower). The caller closes it."""
-        if self._dsn is None:
+        dsn = self.listen_url or (None if self.pooler == "transaction" else self._dsn)
+        if dsn is None:
             from ._exceptions import ConfigurationError
 
-            raise ConfigurationError("a store on a shared pool cannot open connections of its own")
+            raise ConfigurationError(
+                "LISTEN needs a session of its own: give listen_url= (a direct URL) behind a "
+                "transaction-mode pooler"
+            )
         with _translated():
-            return await asyncpg.connect(self._dsn, timeout=self._connect_timeout)
+            return await asyncpg.connect(dsn, timeout=self._connect_timeout)

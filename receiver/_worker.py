@@ -288,6 +288,15 @@ class Worker:
         connect = getattr(self.rx.store, "connect_alone", None)
         if connect is None:
             return
+        listens = self.rx.store.listens()  # type: ignore[attr-defined]
+        if listens is None:
+            logger.info(
+                "worker: no LISTEN (a transaction-mode pooler without listen_url, or a shared "
+                "pool): polling every %.1f s",
+                self.poll_interval,
+            )
+            return
+        logger.info("worker: LISTEN on %s, and polling every %.1f s", listens, self.poll_interval)
         while True:
             conn = None
             try:

@@ -14,6 +14,7 @@ import pytest
 from receiver import PostgresStore, SQLiteStore, Store
 from receiver.testing import register_profiles
 from tests import pgcluster
+from tests.pgbouncer import PgBouncer
 from tests.support import EFFECTS_DDL
 
 # `scripts/test --hypothesis-profile=deep`: 500 examples per state machine and kit property
@@ -85,3 +86,25 @@ async def store(
         await truncate(pg_url)
     async with make_store(request.param, pg_url, tmp_path) as opened:
         yield opened
+
+
+@pytest.fixture(scope="session")
+def pgbouncers(pg_admin_url: str, pg_url: str) -> Iterator[dict[str, PgBouncer]]:
+    """Real PgBouncers in front of the test server, one per pooling mode."""
+    started: dict[str, PgBouncer] = {}
+    try:
+        for mode in ("transaction", "session"):
+            started[mode] = PgBouncer(pg_admin_url, mode)
+            started[mode].start()
+        yield started
+    finally:
+        for bouncer in started.values():
+            bouncer.stop()
+
+
+@pytest.fixture(params=["transaction", "session"])
+def pooled_url(request: pytest.FixtureRequest, pgbouncers: dict[str, PgBouncer]) -> str:
+    """The test database through a real PgBouncer, in each pooling mode, as a store URL that
+    says so (?pooler=...)."""
+    mode = str(request.param)
+    return pgbouncers[mode].url(TEST_DATABASE) + f"?pooler={mode}"

@@ -122,5 +122,5 @@ def test_receiver_inspect_and_failed_show_action_and_key_rows(
     assert "completed" in out
     assert main(["failed", "--store", url]) == 0
     captured = capsys.readouterr()
-    assert f"action:refund/{key}  action  released" in captured.out
+    assert f"action:refund/{key}  released  kind=action" in captured.out
     assert "actions and Idempotency-Keys run again when their caller retries" in captured.err
