@@ -263,19 +263,21 @@ async def complete(
 
 async def release(conn: Connection, key: Key, fence: int, error: str, now: float | None) -> bool:
     """Give the key back after a failed attempt and keep the error; False if the fence is stale."""
-    async with conn.transaction():
-        row = await conn.run("release", key.provider, key.webhook_id, fence, error, now)
-        if row is None:
-            return False
-        await conn.run("record_attempt", key.provider, key.webhook_id, fence, now, error)
-        return True
+    return await _failed_attempt(conn, "release", key, fence, error, now)
 
 
 async def unresolved(conn: Connection, key: Key, fence: int, error: str, now: float | None) -> bool:
     """An interrupted external attempt could not be reconciled: keep it in flight with its
     lease ended (never released) and keep the error; False if the fence is stale."""
+    return await _failed_attempt(conn, "unresolve", key, fence, error, now)
+
+
+async def _failed_attempt(
+    conn: Connection, statement: str, key: Key, fence: int, error: str, now: float | None
+) -> bool:
+    """The fenced ``statement`` and the attempt's row, together or not at all."""
     async with conn.transaction():
-        row = await conn.run("unresolve", key.provider, key.webhook_id, fence, error, now)
+        row = await conn.run(statement, key.provider, key.webhook_id, fence, error, now)
         if row is None:
             return False
         await conn.run("record_attempt", key.provider, key.webhook_id, fence, now, error)
