@@ -88,9 +88,31 @@ async def store(
         yield opened
 
 
+# The pooler tests' own database: a pooler keeps server sessions open to the databases it
+# served, which would show up in other tests' counts of the test database's connections.
+POOLED_DATABASE = f"receiver_test_pooled_{os.getpid()}"
+
+
 @pytest.fixture(scope="session")
-def pgbouncers(pg_admin_url: str, pg_url: str) -> Iterator[dict[str, PgBouncer]]:
-    """Real PgBouncers in front of the test server, one per pooling mode."""
+def pooled_database(pg_admin_url: str) -> Iterator[str]:
+    """The direct URL of the pooler tests' database, migrated, with the effects table."""
+
+    async def prepare() -> str:
+        url = await pgcluster.recreate_database(pg_admin_url, POOLED_DATABASE)
+        async with PostgresStore(url) as store:
+            await store.migrate()
+            async with store.acquire() as conn:
+                await conn.execute(EFFECTS_DDL)
+        return url
+
+    yield asyncio.run(prepare())
+    asyncio.run(pgcluster.drop_database(pg_admin_url, POOLED_DATABASE))
+
+
+@pytest.fixture(scope="session")
+def pgbouncers(pg_admin_url: str, pooled_database: str) -> Iterator[dict[str, PgBouncer]]:
+    """Real PgBouncers in front of the test server, one per pooling mode (stopped before the
+    pooled database is dropped: fixtures end in reverse order)."""
     started: dict[str, PgBouncer] = {}
     try:
         for mode in ("transaction", "session"):
@@ -104,7 +126,7 @@ def pgbouncers(pg_admin_url: str, pg_url: str) -> Iterator[dict[str, PgBouncer]]
 
 @pytest.fixture(params=["transaction", "session"])
 def pooled_url(request: pytest.FixtureRequest, pgbouncers: dict[str, PgBouncer]) -> str:
-    """The test database through a real PgBouncer, in each pooling mode, as a store URL that
-    says so (?pooler=...)."""
+    """The pooler tests' database through a real PgBouncer, in each pooling mode, as a store
+    URL that says so (?pooler=...)."""
     mode = str(request.param)
-    return pgbouncers[mode].url(TEST_DATABASE) + f"?pooler={mode}"
+    return pgbouncers[mode].url(POOLED_DATABASE) + f"?pooler={mode}"

@@ -28,7 +28,7 @@ from tests.acceptance.test_crash import (
     start_all,
     wait_out,
 )
-from tests.conftest import TEST_DATABASE, truncate
+from tests.conftest import POOLED_DATABASE, truncate
 from tests.pgbouncer import PgBouncer
 from tests.support import body_of, signed
 
@@ -36,10 +36,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def pooled(pgbouncers: dict[str, PgBouncer], pg_url: str) -> tuple[str, str]:
+def pooled(pgbouncers: dict[str, PgBouncer], pooled_database: str) -> tuple[str, str]:
     """(the servers' store URL, through the pooler; the direct URL the test reads with)."""
-    asyncio.run(truncate(pg_url))
-    return pgbouncers["transaction"].url(TEST_DATABASE) + "?pooler=transaction", pg_url
+    asyncio.run(truncate(pooled_database))
+    return pgbouncers["transaction"].url(POOLED_DATABASE) + "?pooler=transaction", pooled_database
 
 
 async def test_a_crash_before_commit_behind_the_pooler_runs_once_more(

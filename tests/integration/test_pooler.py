@@ -30,7 +30,7 @@ from receiver import (
     ToolCall,
 )
 from receiver._store import Connection
-from tests.conftest import TEST_DATABASE, truncate
+from tests.conftest import POOLED_DATABASE, truncate
 from tests.pgbouncer import PgBouncer
 from tests.support import PROVIDER, SECRET, body_of, effects, make_receiver, signed
 
@@ -38,12 +38,12 @@ COPIES = 100
 
 
 async def test_without_pooler_transaction_the_store_fails_naming_the_fix(
-    pgbouncers: dict[str, PgBouncer], pg_url: str, caplog: pytest.LogCaptureFixture
+    pgbouncers: dict[str, PgBouncer], pooled_database: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """What a new user met: `receiver serve` exited with DuplicatePreparedStatementError. Now
     the start-up check or the deliveries fail with StoreMisconfigured (503 to the sender) and
     an ALERT line that names the fix."""
-    url = pgbouncers["transaction"].url(TEST_DATABASE)
+    url = pgbouncers["transaction"].url(POOLED_DATABASE)
     rx, _ = make_receiver(PostgresStore(url, max_size=20))
     statuses: list[int | str] = []
 
@@ -71,8 +71,10 @@ async def test_without_pooler_transaction_the_store_fails_naming_the_fix(
     assert "?pooler=transaction" in caplog.text + " ".join(map(str, statuses))
 
 
-async def test_the_race_runs_one_handler_through_the_pooler(pooled_url: str, pg_url: str) -> None:
-    await truncate(pg_url)
+async def test_the_race_runs_one_handler_through_the_pooler(
+    pooled_url: str, pooled_database: str
+) -> None:
+    await truncate(pooled_database)
     rx, recorder = make_receiver(PostgresStore(pooled_url, max_size=20))
     body = body_of(order="o-1")
     headers = signed("msg_race", body)
@@ -106,9 +108,9 @@ async def test_the_race_runs_one_handler_through_the_pooler(pooled_url: str, pg_
 
 
 async def test_the_executor_and_the_middleware_keep_one_effect_per_key(
-    pooled_url: str, pg_url: str
+    pooled_url: str, pooled_database: str
 ) -> None:
-    await truncate(pg_url)
+    await truncate(pooled_database)
     store = PostgresStore(pooled_url, max_size=20)
     async with store:
         actions = Actions(store, registry=CollectorRegistry(), sweep_interval=None)
@@ -166,22 +168,24 @@ async def test_the_executor_and_the_middleware_keep_one_effect_per_key(
         assert {a.status_code for a in answers} <= {201, 409}
 
 
-async def test_migrations_need_a_session(pgbouncers: dict[str, PgBouncer], pg_url: str) -> None:
-    url = pgbouncers["transaction"].url(TEST_DATABASE) + "?pooler=transaction"
+async def test_migrations_need_a_session(
+    pgbouncers: dict[str, PgBouncer], pooled_database: str
+) -> None:
+    url = pgbouncers["transaction"].url(POOLED_DATABASE) + "?pooler=transaction"
     async with PostgresStore(url) as store:
         with pytest.raises(ConfigurationError, match="session of their own"):
             await store.migrate()
     import urllib.parse
 
-    direct = urllib.parse.quote(pg_url, safe="")
+    direct = urllib.parse.quote(pooled_database, safe="")
     async with PostgresStore(f"{url}&listen_url={direct}") as store:
         assert await store.migrate() == []  # current already: applied on the direct session
 
 
 async def test_queued_workers_drain_exactly_once_through_the_pooler(
-    pooled_url: str, pg_url: str, caplog: pytest.LogCaptureFixture
+    pooled_url: str, pooled_database: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    await truncate(pg_url)
+    await truncate(pooled_database)
     rx = Receiver(
         PostgresStore(pooled_url, max_size=10), [Provider(PROVIDER, [SECRET], mode="queued")]
     )
