@@ -16,11 +16,11 @@ import asyncio
 import itertools
 import time
 
-import asyncpg
 import orjson
 
 from receiver import Event, PostgresStore, Provider, Receiver, generate_secret, sign
 from receiver._store import Connection
+from tests import pgcluster
 from tests.pgbouncer import PgBouncer
 
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -28,13 +28,7 @@ DATABASE = "receiver_bench_pooler"
 
 
 async def prepare(admin_url: str) -> str:
-    conn = await asyncpg.connect(admin_url)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
-        await conn.execute(f'CREATE DATABASE "{DATABASE}"')
-    finally:
-        await conn.close()
-    url = admin_url.rsplit("/", 1)[0] + f"/{DATABASE}"
+    url = await pgcluster.recreate_database(admin_url, DATABASE)
     async with PostgresStore(url) as store:
         await store.migrate()
         async with store.acquire() as conn2:

@@ -36,17 +36,19 @@ def pg_admin_url() -> Iterator[str]:
         cluster.destroy()
 
 
+async def prepared_database(admin_url: str, database: str) -> str:
+    """A new, migrated database with the tests' effects table: its URL."""
+    url = await pgcluster.recreate_database(admin_url, database)
+    async with PostgresStore(url) as store:
+        await store.migrate()
+        async with store.acquire() as conn:
+            await conn.execute(EFFECTS_DDL)
+    return url
+
+
 @pytest.fixture(scope="session")
 def pg_url(pg_admin_url: str) -> Iterator[str]:
-    async def prepare() -> str:
-        url = await pgcluster.recreate_database(pg_admin_url, TEST_DATABASE)
-        async with PostgresStore(url) as store:
-            await store.migrate()
-            async with store.acquire() as conn:
-                await conn.execute(EFFECTS_DDL)
-        return url
-
-    yield asyncio.run(prepare())
+    yield asyncio.run(prepared_database(pg_admin_url, TEST_DATABASE))
     asyncio.run(pgcluster.drop_database(pg_admin_url, TEST_DATABASE))
 
 
@@ -96,16 +98,7 @@ POOLED_DATABASE = f"receiver_test_pooled_{os.getpid()}"
 @pytest.fixture(scope="session")
 def pooled_database(pg_admin_url: str) -> Iterator[str]:
     """The direct URL of the pooler tests' database, migrated, with the effects table."""
-
-    async def prepare() -> str:
-        url = await pgcluster.recreate_database(pg_admin_url, POOLED_DATABASE)
-        async with PostgresStore(url) as store:
-            await store.migrate()
-            async with store.acquire() as conn:
-                await conn.execute(EFFECTS_DDL)
-        return url
-
-    yield asyncio.run(prepare())
+    yield asyncio.run(prepared_database(pg_admin_url, POOLED_DATABASE))
     asyncio.run(pgcluster.drop_database(pg_admin_url, POOLED_DATABASE))
 
 
