@@ -416,9 +416,13 @@ def worker_command(args: argparse.Namespace) -> int:
             loop.add_signal_handler(signum, worker.stop)
         if args.metrics_port and rx.metrics is not None:
             _serve_metrics(rx, args.metrics_port)
-        async with rx:
+        if not await worker.open():
+            return
+        try:
             print(f"receiver: worker started on {rx.store.url}", file=sys.stderr, flush=True)
             await worker.run()
+        finally:
+            await rx.close()
         print(f"receiver: worker stopped: {worker.done}", file=sys.stderr, flush=True)
 
     asyncio.run(run())

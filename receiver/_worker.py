@@ -56,6 +56,7 @@ class Receiver(Protocol):
     def registry(self) -> Registry: ...
     @property
     def metrics(self) -> Metrics | None: ...
+    async def open(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +105,27 @@ class Worker:
         """Stop fetching; :meth:`run` returns once running attempts finished or were released."""
         self._stopping = True
         self._wakeup.set()
+
+    async def open(self) -> bool:
+        """Open the receiver's store, waiting out an outage: a worker started while the
+        database is down or restarting waits for it (logging each try) instead of exiting.
+        False if :meth:`stop` came first."""
+        delay = 0.25
+        while not self._stopping:
+            try:
+                await self.rx.open()
+            except StoreUnavailable as exc:
+                logger.warning(
+                    "worker: store unavailable at start (%s); retrying in %.1f s", exc, delay
+                )
+            else:
+                return True
+            self._wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._wakeup.wait()
+            delay = min(delay * 2, 5.0)
+        return False
 
     async def run(self) -> None:
         listener = asyncio.create_task(self._listen(), name="receiver-worker-listen")

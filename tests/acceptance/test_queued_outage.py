@@ -81,3 +81,39 @@ async def test_queued_ingest_through_a_database_restart(
     committed = await effects_by_id(database)
     assert {i: len(fences) for i, fences in committed.items()} == dict.fromkeys(everything, 1)
     assert await states(database) == {"completed": len(everything)}
+
+
+async def test_a_worker_started_while_the_database_is_down_waits_for_it(
+    cluster: pgcluster.Cluster,  # noqa: F811
+    database: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A worker (re)started during an outage, as an orchestrator does, waits for the database
+    instead of exiting, then runs what was queued."""
+    invocations = tmp_path / "invocations"
+    env = env_for(database, invocations)
+    queued = [f"queued_{i}" for i in range(BEFORE)]
+    with running(env, tmp_path / "server.log", app="tests.apps.queued:rx") as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            for webhook_id in queued:
+                answer = await post(client, webhook_id, body_of(order=webhook_id))
+                assert (answer.status_code, answer.content) == (202, QUEUED)
+    cluster.stop()
+    log = tmp_path / "worker.log"
+    worker = start_worker(env, log)
+    try:
+        deadline = time.monotonic() + 30
+        while "store unavailable at start" not in log.read_text():
+            assert worker.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)
+        assert worker.poll() is None, f"the worker exited during the outage: {log.read_text()}"
+        cluster.start()
+        await wait_completed(database, len(queued), 30, log.read_text())
+    finally:
+        stop(worker)
+    assert sorted(executions(invocations)) == sorted(queued)
+    effects = await effects_by_id(database)
+    assert sorted(effects) == sorted(queued)
+    assert all(len(fences) == 1 for fences in effects.values())
