@@ -33,7 +33,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from . import _keyed as keyed
 from ._cache import ReplayCache
 from ._durations import Durations
-from ._exceptions import ConfigurationError, InvalidIdempotencyKey, LeaseLost
+from ._exceptions import (
+    ConfigurationError,
+    InvalidIdempotencyKey,
+    LeaseLost,
+    StoreMisconfigured,
+    StoreReadOnly,
+    StoreUnavailable,
+)
 from ._idempotency_key import parse_key
 from ._keyed import KeyState
 from ._ledger import Claim, Claimed, Decision, Key, Receipt, State, StoredResponse, decide
@@ -230,7 +237,12 @@ class IdempotencyKeyMiddleware:
         principal = self.principal(scope)
         if inspect.isawaitable(principal):
             principal = await principal
-        response = await self._keyed(scope, receive, send, key, str(principal), body)
+        try:
+            response = await self._keyed(scope, receive, send, key, str(principal), body)
+        except StoreUnavailable as exc:
+            # The database is down, failing over, or not set up: nothing was answered yet (the
+            # answer is sent only after it is stored), so the client may retry.
+            response = _unavailable(exc)
         if response is not None:
             await response(scope, receive, send)
 
@@ -434,6 +446,16 @@ def _stored(start: Message, body: bytes) -> StoredResponse:
         elif lowered not in _NOT_STORED:
             kept.append((bytes(name).decode("latin-1"), bytes(value).decode("latin-1")))
     return StoredResponse(int(start["status"]), content_type, body, tuple(kept))
+
+
+def _unavailable(exc: StoreUnavailable) -> Response:
+    if isinstance(exc, StoreMisconfigured | StoreReadOnly):
+        # Not a blip that passes by itself: say what to fix, on every request it refuses.
+        logger.error("ALERT: Idempotency-Key request refused with 503: %s", exc)
+    else:
+        logger.warning("Idempotency-Key request refused with 503: the store is %s", exc.kind)
+    detail = "the idempotency store is unavailable; retry the request with the same key"
+    return _problem(503, "store-unavailable", "Service unavailable", detail, retry_after=1)
 
 
 def _problem(

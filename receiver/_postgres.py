@@ -268,10 +268,11 @@ class PostgresStore(Store):
         if self._dsn is None:
             return "postgresql://(shared pool)"
         parts = urllib.parse.urlsplit(self._dsn)
-        host = parts.hostname or "localhost"
-        netloc = f"{parts.username}@{host}" if parts.username else host
-        if parts.port:
-            netloc += f":{parts.port}"
+        # The hosts as written, less any password: a multi-host URL (``h1:5432,h2:5432``, for
+        # failover) has no single hostname or port to parse.
+        userinfo, at, hosts = parts.netloc.rpartition("@")
+        hosts = hosts or "localhost"
+        netloc = f"{userinfo.split(':', 1)[0]}@{hosts}" if at else hosts
         return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
     async def open(self) -> None:

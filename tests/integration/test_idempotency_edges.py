@@ -17,8 +17,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message
 
-from receiver import IdempotencyKeyMiddleware, Store, idempotent_request
+from receiver import IdempotencyKeyMiddleware, PostgresStore, Store, idempotent_request
 from receiver._ledger import State
+from tests import pgcluster
 
 SECRET_EMAIL = "alice@example.com"
 
@@ -202,3 +203,22 @@ async def test_retry_after_is_when_the_first_request_likely_ends(store: Store) -
         await first
     assert duplicate.status_code == 409
     assert duplicate.headers["retry-after"] == "1"
+
+
+async def test_an_unreachable_store_is_answered_503_with_retry_after() -> None:
+    """The database down (or failing over): a keyed request is refused with a problem+json 503
+    and Retry-After, which clients retry with the same key; never a 500, and the endpoint does
+    not run."""
+    endpoints = Endpoints()
+    endpoints.hang = False
+    nobody = pgcluster.free_port()  # nothing listens there
+    store = PostgresStore(f"postgresql://postgres@127.0.0.1:{nobody}/db", connect_timeout=1)
+    transport = httpx.ASGITransport(app=app(store, endpoints))
+    async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+        answer = await client.post("/pay", json={"amount": 1}, headers={"idempotency-key": "k"})
+    await store.close()
+    assert answer.status_code == 503, answer.content
+    assert answer.headers["content-type"] == "application/problem+json"
+    assert int(answer.headers["retry-after"]) >= 1
+    assert orjson.loads(answer.content)["type"] == "urn:receiver:idempotency:store-unavailable"
+    assert endpoints.runs == 0
