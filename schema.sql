@@ -1,5 +1,5 @@
 -- receiver: PostgreSQL schema of the receipt ledger, as the migrations in
--- receiver/sql/migrations/postgresql/ leave it when applied in order (a test checks that the two
+-- receiver/_store/sql/migrations/postgresql/ leave it when applied in order (a test checks that the two
 -- agree). Read it to know the tables; create and upgrade them with `receiver migrate`, which
 -- applies the numbered migrations a database lacks and records them in receiver_migrations.
 --

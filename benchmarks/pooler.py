@@ -19,7 +19,7 @@ import time
 import orjson
 
 from receiver import Event, PostgresStore, Provider, Receiver, generate_secret, sign
-from receiver._store import Connection
+from receiver._store.base import Connection
 from tests import pgcluster
 from tests.pgbouncer import PgBouncer
 

@@ -28,7 +28,7 @@ from typing import Any
 import asyncpg
 
 from receiver import PostgresStore
-from receiver._queries import queries
+from receiver._store.queries import queries
 
 from .stores import PostgresTarget
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import asyncpg
 
 from receiver import PostgresStore, SQLiteStore, Store
-from receiver._queries import queries
+from receiver._store.queries import queries
 
 from .business import BUSINESS_DDL, BUSINESS_TABLE, PROVIDER
 

@@ -35,8 +35,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from starlette.datastructures import Headers
 
 from receiver import Event, Provider, Receiver, SQLiteStore, generate_secret, sign
-from receiver._store import Connection
-from receiver._tracing import annotate, handler_span
+from receiver._store.base import Connection
+from receiver._webhooks.tracing import annotate, handler_span
 
 _ids = itertools.count()
 

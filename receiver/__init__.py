@@ -1,12 +1,9 @@
 """receiver: receive webhooks so that each event takes effect exactly once."""
 
-from ._actions import Action, ActionResult, Actions, Tool, ToolCall, action_key
-from ._agent_metrics import ActionMetrics
-from ._app import Receiver
-from ._backoff import Backoff
-from ._config import load_config
-from ._config_model import Config, ProviderConfig
-from ._events import Event
+from ._actions.executor import Action, ActionResult, Actions, Tool, ToolCall, action_key
+from ._actions.metrics import ActionMetrics
+from ._config.loader import load_config
+from ._config.model import Config, ProviderConfig
 from ._exceptions import (
     ActionConflict,
     ActionError,
@@ -25,18 +22,18 @@ from ._exceptions import (
     StoreUnavailable,
     VerificationError,
 )
-from ._handlers import Handler
-from ._idempotency import IdempotencyKeyMiddleware, IdempotentRequest, idempotent_request
-from ._keyed import FailedAttempt, KeyState
-from ._ledger import Receipt, State, StoredResponse
+from ._idempotency.middleware import IdempotencyKeyMiddleware, IdempotentRequest, idempotent_request
+from ._ledger.keyed import FailedAttempt, KeyState
+from ._ledger.receipts import Receipt, State, StoredResponse
+from ._ledger.results import RUN_AGAIN
 from ._logging import JSONFormatter
-from ._metrics import Metrics
-from ._pipeline import RUN_AGAIN, Outcome, Reply
-from ._postgres import PostgresStore
-from ._providers import Provider
-from ._replay import ReplayRefused
-from ._schedules import DedupWindow, RetrySchedule, dedup_window, exponential
-from ._schemes import (
+from ._ops.metrics import Metrics
+from ._queue.backoff import Backoff
+from ._store.base import Connection, Store
+from ._store.postgres import PostgresStore
+from ._store.sqlite import SQLiteStore
+from ._store.url import store_from_url
+from ._verification.schemes import (
     GitHub,
     Shopify,
     Slack,
@@ -46,10 +43,7 @@ from ._schemes import (
     sign_slack,
     sign_stripe,
 )
-from ._sqlite import SQLiteStore
-from ._store import Connection, Store
-from ._store_url import store_from_url
-from ._verification import (
+from ._verification.verifier import (
     StandardWebhooks,
     VerifiedDelivery,
     Verifier,
@@ -57,7 +51,14 @@ from ._verification import (
     generate_secret,
     sign,
 )
-from ._worker import Worker
+from ._webhooks.app import Receiver
+from ._webhooks.events import Event
+from ._webhooks.handlers import Handler
+from ._webhooks.pipeline import Outcome, Reply
+from ._webhooks.providers import Provider
+from ._webhooks.replay import ReplayRefused
+from ._webhooks.schedules import DedupWindow, RetrySchedule, dedup_window, exponential
+from ._webhooks.worker import Worker
 
 __version__ = "0.1.0"
 

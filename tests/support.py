@@ -14,7 +14,7 @@ import orjson
 from starlette.responses import Response
 
 from receiver import Event, Provider, Receiver, Store, sign
-from receiver._store import Connection
+from receiver._store.base import Connection
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 PROVIDER = "acme"

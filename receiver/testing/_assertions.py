@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .._store import Connection, Store
+from .._store.base import Connection, Store
 from ._sender import Delivery
 
 # Far enough in the future that every in-flight receipt's lease has run out by then: the

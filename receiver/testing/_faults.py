@@ -17,10 +17,10 @@ import dataclasses
 import enum
 from typing import Any
 
-from .._app import Receiver
-from .._events import Event
-from .._handlers import Handler, HandlerFunc
-from .._store import Connection
+from .._store.base import Connection
+from .._webhooks.app import Receiver
+from .._webhooks.events import Event
+from .._webhooks.handlers import Handler, HandlerFunc
 
 
 class Fault(enum.StrEnum):

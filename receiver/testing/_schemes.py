@@ -3,7 +3,8 @@
 The body of an event is built once and kept: a sender retries with the same bytes (a changed
 body under the same id would be a payload mismatch, 422), but signs every attempt again with
 the time of that attempt, as Svix, Stripe and Slack do. Each scheme puts the id and the type
-where its verifier (receiver/_schemes.py, receiver/_verification.py) reads them:
+where its verifier (receiver/_verification/schemes.py, receiver/_verification/verifier.py)
+reads them:
 
     scheme             id                        type
     standard-webhooks  webhook-id header         body "type"
@@ -23,7 +24,7 @@ from typing import Any
 import orjson
 
 from .._exceptions import ConfigurationError
-from .._schemes import (
+from .._verification.schemes import (
     GitHub,
     Shopify,
     Slack,
@@ -33,7 +34,7 @@ from .._schemes import (
     sign_slack,
     sign_stripe,
 )
-from .._verification import StandardWebhooks, Verifier, sign
+from .._verification.verifier import StandardWebhooks, Verifier, sign
 
 Headers = list[tuple[str, str]]
 

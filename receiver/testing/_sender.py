@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import orjson
 
-from .._app import Receiver
 from .._exceptions import ConfigurationError
+from .._webhooks.app import Receiver
 from ._faults import SimulatedCrash
 from ._schemes import Scheme, Webhook, scheme, scheme_of
 

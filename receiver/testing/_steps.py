@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from .._app import Receiver
-from .._store import Connection
+from .._store.base import Connection
+from .._webhooks.app import Receiver
 from ._assertions import _table, assert_nothing_in_flight
 from ._clock import FakeClock
 from ._faults import Fault, Faults

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import asyncpg
 
-from .._postgres import PostgresStore
-from .._sqlite import SQLiteStore
-from .._store import Store
+from .._store.base import Store
+from .._store.postgres import PostgresStore
+from .._store.sqlite import SQLiteStore
 
 #: Set it to a PostgreSQL server you can ``CREATE DATABASE`` on to test on PostgreSQL.
 PG_URL_VARIABLE = "RECEIVER_TEST_PG_URL"

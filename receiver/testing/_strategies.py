@@ -10,9 +10,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .._app import Receiver
 from .._exceptions import ConfigurationError
-from .._store import Store
+from .._store.base import Store
+from .._webhooks.app import Receiver
 from ._clock import FakeClock
 from ._faults import Fault
 from ._sender import Sender

@@ -15,7 +15,7 @@ import pytest
 from starlette.responses import Response
 
 from receiver import Event, Provider, Receiver
-from receiver._store import Connection
+from receiver._store.base import Connection
 from tests.pgcluster import free_port
 from tests.servers import RECEIVER, ROOT
 from tests.support import PROVIDER, SECRET, body_of, signed

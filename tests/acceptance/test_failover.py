@@ -41,8 +41,8 @@ from receiver import (
     idempotent_request,
 )
 from tests import pgcluster, pgreplica
-from tests.acceptance.test_queued_workers import QUEUED, start_worker, stop
-from tests.servers import running
+from tests.acceptance.test_queued_workers import QUEUED, executions, stop
+from tests.servers import running, start_worker
 from tests.support import EFFECTS_DDL, PROVIDER, SECRET, body_of, signed
 
 pytestmark = pytest.mark.slow
@@ -94,12 +94,6 @@ def env_for(pair: pgreplica.Replicated, invocations: Path, **extra: str) -> dict
         "RECEIVER_TEST_LEASE": str(LEASE),
         **extra,
     }
-
-
-def executions(path: Path) -> collections.Counter[str]:
-    if not path.exists():
-        return collections.Counter()
-    return collections.Counter(line.split()[0] for line in path.read_text().splitlines())
 
 
 def is_replay(answer: httpx.Response) -> bool:

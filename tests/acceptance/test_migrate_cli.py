@@ -14,7 +14,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from receiver._migrations import migrations
+from receiver._store.migrations import migrations
 from tests import pgcluster
 from tests.acceptance.test_cli import receiver
 from tests.integration.test_migrations import old_schema

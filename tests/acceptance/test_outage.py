@@ -342,7 +342,7 @@ async def test_the_store_reports_a_dying_database_as_unavailable(
         if escaped:
             break
     assert not escaped, (
-        "LIBRARY BUG (receiver/_postgres.py, PostgresStore._release): when the connection is "
+        "LIBRARY BUG (receiver/_store/postgres.py, PostgresStore._release): when the connection is "
         "lost while it is being released, asyncpg's Pool.release raises InternalClientError "
         "('release() called on a free connection holder'); the fallback conn.terminate() then "
         "raises InterfaceError ('connection has been released back to the pool'), which escapes "

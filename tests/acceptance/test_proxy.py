@@ -36,7 +36,7 @@ import orjson
 import pytest
 import yaml
 
-from receiver._app import DEFAULT_MAX_BODY
+from receiver._webhooks.app import DEFAULT_MAX_BODY
 from tests.pgcluster import free_port
 from tests.servers import ROOT, Server, running, start_server
 from tests.support import PROVIDER, SECRET, body_of, signed

@@ -25,7 +25,10 @@ pytestmark = pytest.mark.slow
 
 PACKAGED = sorted(
     str(p.relative_to(ROOT))
-    for p in [ROOT / "receiver" / "py.typed", *(ROOT / "receiver" / "sql").rglob("*.sql")]
+    for p in [
+        ROOT / "receiver" / "py.typed",
+        *(ROOT / "receiver" / "_store" / "sql").rglob("*.sql"),
+    ]
 )
 
 
@@ -67,7 +70,7 @@ def test_the_wheel_installs_clean_and_serves(tmp_path: Path) -> None:
         in_sdist = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     with zipfile.ZipFile(wheel) as whl:
         in_wheel = set(whl.namelist())
-    assert "receiver/sql/migrations/postgresql/0001_initial.sql" in PACKAGED
+    assert "receiver/_store/sql/migrations/postgresql/0001_initial.sql" in PACKAGED
     assert [p for p in PACKAGED if p not in in_sdist] == []
     assert [p for p in PACKAGED if p not in in_wheel] == []
     assert not any(name.startswith("tests/") for name in in_wheel)

@@ -24,7 +24,7 @@ from receiver import (
     ToolCall,
     action_key,
 )
-from receiver._store import Connection
+from receiver._store.base import Connection
 from tests.support import EFFECTS_DDL, Clock, SimulatedCrash, ledger_clock
 
 TENANT = "tenant-42"

@@ -29,9 +29,9 @@ from receiver import (
     Store,
     ToolCall,
 )
-from receiver import _keyed as keyed
-from receiver._ledger import Claimed, Key, State, StoredResponse
-from receiver._store import Connection
+from receiver._ledger import keyed
+from receiver._ledger.receipts import Claimed, Key, State, StoredResponse
+from receiver._store.base import Connection
 from tests.support import EFFECTS_DDL, Clock, SimulatedCrash, ledger_clock
 
 TENANT = "tenant-7"

@@ -30,7 +30,7 @@ from receiver import (
     Store,
     ToolCall,
 )
-from receiver._store import Connection
+from receiver._store.base import Connection
 from tests.conftest import truncate
 from tests.support import EFFECTS_DDL, Clock, SimulatedCrash, ledger_clock
 

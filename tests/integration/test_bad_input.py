@@ -38,8 +38,8 @@ from receiver import (
     generate_keypair,
     sign,
 )
-from receiver._store import Connection
-from receiver._verification import MAX_SIGNATURE_ENTRIES, MAX_SIGNATURE_HEADER
+from receiver._store.base import Connection
+from receiver._verification.verifier import MAX_SIGNATURE_ENTRIES, MAX_SIGNATURE_HEADER
 from tests.conftest import truncate
 from tests.support import PROVIDER, SECRET, T0, Clock, body_of
 

@@ -9,9 +9,9 @@ import asyncio
 import httpx
 
 from receiver import Connection, Event, PostgresStore, Provider, Receiver
-from receiver import _ledger as ledger
-from receiver._ledger import Claim, Key, State, StoredResponse
-from receiver._pipeline import parse
+from receiver._ledger import receipts as ledger
+from receiver._ledger.receipts import Claim, Key, State, StoredResponse
+from receiver._webhooks.pipeline import parse
 from tests.conftest import truncate
 from tests.support import EFFECTS_DDL, PROVIDER, SECRET, body_of, effects, signed
 

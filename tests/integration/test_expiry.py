@@ -9,10 +9,11 @@ import time
 import httpx
 
 from receiver import Store
-from receiver import _ledger as ledger
-from receiver._ledger import Claim, Key
-from receiver._pipeline import parse
-from receiver._sweeper import DEAD_LETTER_RETENTION, sweep
+from receiver._ledger import receipts as ledger
+from receiver._ledger.receipts import Claim, Key
+from receiver._ops.sweeper import DEAD_LETTER_RETENTION
+from receiver._webhooks.pipeline import parse
+from receiver._webhooks.sweeper import sweep
 from tests.integration.test_sweeper import LEASE, build, dead_claim
 from tests.support import PROVIDER, Clock, body_of, effects, signed
 

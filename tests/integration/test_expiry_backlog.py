@@ -13,7 +13,7 @@ import asyncpg
 import httpx
 
 from receiver import PostgresStore, Receiver
-from receiver._sweeper import sweep
+from receiver._webhooks.sweeper import sweep
 from tests.integration.test_sweeper import build
 from tests.support import PROVIDER, T0, Clock, body_of, effects, signed
 

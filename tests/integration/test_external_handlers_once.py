@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from receiver import RUN_AGAIN, Event, Provider, Receiver, Store
-from receiver import _ledger as ledger
-from receiver._ledger import Key, State
-from receiver._store import Connection
+from receiver._ledger import receipts as ledger
+from receiver._ledger.receipts import Key, State
+from receiver._store.base import Connection
 from tests.support import PROVIDER, SECRET, Clock, SimulatedCrash, body_of, ledger_clock, signed
 
 LEASE = 60.0

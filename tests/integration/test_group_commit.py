@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 
 from receiver import Connection, Event, Provider, Receiver, SQLiteStore
-from receiver._ledger import State
+from receiver._ledger.receipts import State
 from tests.support import EFFECTS_DDL, PROVIDER, SECRET, body_of, signed
 
 

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from receiver import Connection, Event, Provider, Receiver, Store
-from receiver import _ledger as ledger
-from receiver._ledger import Key, State
+from receiver._ledger import receipts as ledger
+from receiver._ledger.receipts import Key, State
 from tests.support import (
     EFFECTS_DDL,
     PROVIDER,

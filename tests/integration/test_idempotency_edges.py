@@ -18,7 +18,7 @@ from starlette.routing import Route
 from starlette.types import Message
 
 from receiver import IdempotencyKeyMiddleware, PostgresStore, Store, idempotent_request
-from receiver._ledger import State
+from receiver._ledger.receipts import State
 from tests import pgcluster
 
 SECRET_EMAIL = "alice@example.com"

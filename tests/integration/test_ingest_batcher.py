@@ -9,8 +9,8 @@ import collections
 import random
 
 from receiver import PostgresStore, Provider, Receiver, Store
-from receiver._ingest import Ingest
-from receiver._ledger import Claim, Key
+from receiver._ledger.receipts import Claim, Key
+from receiver._queue.ingest import Ingest
 from tests.support import PROVIDER, SECRET, body_of, query, signed
 
 QUEUED = b'{"status":"queued"}'

@@ -25,8 +25,8 @@ from receiver import (
     Store,
     ToolCall,
 )
-from receiver._cli import main
-from receiver._store import Connection
+from receiver._cli.main import main
+from receiver._store.base import Connection
 from tests.support import Clock, SimulatedCrash, ledger_clock
 
 

@@ -18,8 +18,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from receiver import Actions, IdempotencyKeyMiddleware, SQLiteStore, Store, ToolCall
-from receiver._cli import main
-from receiver._store import Connection
+from receiver._cli.main import main
+from receiver._store.base import Connection
 from tests.support import Clock, SimulatedCrash, ledger_clock
 
 DAY = 86_400.0

@@ -16,7 +16,7 @@ import httpx
 import orjson
 
 from receiver import JSONFormatter, Store
-from receiver._cli import build_parser
+from receiver._cli.main import build_parser
 from receiver._logging import TextFormatter, logging_config
 from tests.support import PROVIDER, SECRET, Clock, body_of, make_receiver, signed
 

@@ -35,11 +35,11 @@ from receiver import (
     Receiver,
     Store,
 )
-from receiver import _ledger as ledger
-from receiver._ledger import Claim, Key
-from receiver._metrics import OUTCOMES, QUEUE_OUTCOMES, reason_of
-from receiver._pipeline import Outcome, parse
-from receiver._queries import queries
+from receiver._ledger import receipts as ledger
+from receiver._ledger.receipts import Claim, Key
+from receiver._ops.metrics import OUTCOMES, QUEUE_OUTCOMES, reason_of
+from receiver._store.queries import queries
+from receiver._webhooks.pipeline import Outcome, parse
 from receiver.testing import examples
 from tests.integration import test_state_machine as t5
 from tests.support import (

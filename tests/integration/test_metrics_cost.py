@@ -14,7 +14,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from receiver import PostgresStore, Provider, Receiver
-from receiver._queries import queries
+from receiver._store.queries import queries
 from tests import pgcluster
 from tests.support import SECRET
 

@@ -19,8 +19,8 @@ import orjson
 import pytest
 
 from receiver import PostgresStore, Provider, Receiver, SchemaOutdated, SQLiteStore, Store
-from receiver._migrations import migrations
-from receiver._queries import split_statements
+from receiver._store.migrations import migrations
+from receiver._store.queries import split_statements
 from tests import pgcluster
 from tests.servers import ROOT
 from tests.support import PROVIDER, SECRET, signed

@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from receiver import Connection, Receiver, Store
-from receiver import _ledger as ledger
-from receiver._ledger import Claim, Key
-from receiver._pipeline import parse
+from receiver._ledger import receipts as ledger
+from receiver._ledger.receipts import Claim, Key
+from receiver._webhooks.pipeline import parse
 from tests.integration.test_sweeper import LEASE, build, dead_claim
 from tests.support import PROVIDER, Clock, body_of, signed
 

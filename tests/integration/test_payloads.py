@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from receiver import Event, Provider, Receiver, Store
-from receiver import _ledger as ledger
-from receiver._ledger import Key, State
+from receiver._ledger import receipts as ledger
+from receiver._ledger.receipts import Key, State
 from tests.support import PROVIDER, SECRET, Clock, signed
 
 

@@ -14,7 +14,7 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from receiver import Actions, Event, PostgresStore, Provider, Receiver, ToolCall
-from receiver._store import Connection
+from receiver._store.base import Connection
 from tests import pgcluster
 from tests.support import PROVIDER, SECRET, body_of, signed
 

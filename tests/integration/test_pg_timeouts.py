@@ -12,7 +12,7 @@ import asyncpg
 import httpx
 
 from receiver import Event, PostgresStore, Provider, Receiver
-from receiver._store import Connection
+from receiver._store.base import Connection
 from tests import pgcluster
 from tests.support import PROVIDER, SECRET, body_of, signed
 

@@ -22,8 +22,8 @@ from receiver import (
     SQLiteStore,
     Store,
 )
-from receiver import _ledger as ledger
-from receiver._ledger import Claim, Key
+from receiver._ledger import receipts as ledger
+from receiver._ledger.receipts import Claim, Key
 from tests.pgcluster import free_port
 from tests.support import (
     EFFECTS_DDL,
@@ -221,7 +221,7 @@ async def test_verified_but_invalid_payload_is_a_final_400(  # type: ignore[no-u
 
 
 def claim_of(webhook_id: str, body: bytes, now: float, lease: float = 60.0) -> Claim:
-    from receiver._pipeline import parse
+    from receiver._webhooks.pipeline import parse
 
     parsed = parse(body, None)
     return Claim(

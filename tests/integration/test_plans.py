@@ -17,7 +17,7 @@ import asyncpg
 import pytest
 
 from receiver import PostgresStore
-from receiver._queries import queries
+from receiver._store.queries import queries
 from tests import pgcluster
 from tests.conftest import TEST_DATABASE
 

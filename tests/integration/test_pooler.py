@@ -29,7 +29,7 @@ from receiver import (
     StoreMisconfigured,
     ToolCall,
 )
-from receiver._store import Connection
+from receiver._store.base import Connection
 from tests.conftest import POOLED_DATABASE, truncate
 from tests.pgbouncer import PgBouncer
 from tests.support import PROVIDER, SECRET, body_of, effects, make_receiver, signed

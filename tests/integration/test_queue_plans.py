@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from receiver._queries import queries
+from receiver._store.queries import queries
 
 LITERALS = {"float8": "NULL::float8", "int8": "10", "int4": "10"}
 

@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 from receiver import Backoff, Event, Provider, Receiver, State, Store
-from receiver._ledger import Key, lookup
-from receiver._store import Connection
+from receiver._ledger.receipts import Key, lookup
+from receiver._store.base import Connection
 from tests.support import (
     EFFECTS_DDL,
     PROVIDER,

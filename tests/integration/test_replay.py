@@ -8,9 +8,9 @@ import asyncio
 import pytest
 
 from receiver import Connection, Event, Provider, Receiver, ReplayRefused, State, Store
-from receiver import _ledger as ledger
-from receiver._ledger import Claim, Key
-from receiver._pipeline import parse
+from receiver._ledger import receipts as ledger
+from receiver._ledger.receipts import Claim, Key
+from receiver._webhooks.pipeline import parse
 from tests.support import (
     EFFECTS_DDL,
     PROVIDER,

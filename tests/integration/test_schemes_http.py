@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from receiver import Connection, Event, Provider, Receiver, Store
-from receiver._schemes import (
+from receiver._verification.schemes import (
     GitHub,
     Shopify,
     Slack,

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from receiver import PostgresStore, SQLiteStore, Store
-from receiver import _ledger as ledger
-from receiver._ledger import Claim, Key
-from receiver._pipeline import parse
+from receiver._ledger import receipts as ledger
+from receiver._ledger.receipts import Claim, Key
+from receiver._webhooks.pipeline import parse
 from receiver.testing import examples
 from tests.conftest import truncate
 from tests.support import PROVIDER, Clock, SimulatedCrash, body_of, make_receiver, signed

@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from receiver import Connection, Event, PostgresStore, Provider, Receiver
-from receiver import _ledger as ledger
 from receiver._exceptions import SchemaOutdated
-from receiver._ledger import Key, State
+from receiver._ledger import receipts as ledger
+from receiver._ledger.receipts import Key, State
 from tests import pgcluster
 from tests.support import PROVIDER, SECRET, body_of, signed
 

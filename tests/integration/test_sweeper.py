@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from receiver import RUN_AGAIN, Connection, Event, PostgresStore, Provider, Receiver, Store
-from receiver import _ledger as ledger
-from receiver._ledger import Claim, Key
-from receiver._pipeline import parse
+from receiver._ledger import receipts as ledger
+from receiver._ledger.receipts import Claim, Key
+from receiver._webhooks.pipeline import parse
 from tests.support import EFFECTS_DDL, PROVIDER, SECRET, Clock, body_of, effects, ledger_clock
 
 LEASE = 60.0

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from receiver import Event, Receiver, Store
-from receiver._store import Connection
+from receiver._store.base import Connection
 from tests.servers import ROOT
 from tests.support import PROVIDER, SECRET, Clock, body_of, make_receiver, signed
 

@@ -7,7 +7,7 @@ import asyncio
 import time
 
 from receiver import Backoff, Event, Provider, Receiver, Store
-from receiver._store import Connection
+from receiver._store.base import Connection
 from tests.support import PROVIDER, SECRET, body_of, signed
 
 

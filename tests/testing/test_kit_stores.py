@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from receiver import _queue as queue
-from receiver._ledger import Claim, Key
+from receiver._ledger.receipts import Claim, Key
+from receiver._queue import receipts as queue
 from receiver.testing import FakeClock, TestStores, assert_nothing_in_flight, in_flight
 
 

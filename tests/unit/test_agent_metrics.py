@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from receiver import _agent_metrics
-from receiver._agent_metrics import ActionMetrics
+from receiver._actions import metrics as _agent_metrics
+from receiver._actions.metrics import ActionMetrics
 
 
 def gauge(metrics: ActionMetrics) -> float:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from receiver._batcher import Batcher
+from receiver._ledger.batcher import Batcher
 
 
 class Recorder:

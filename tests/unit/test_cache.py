@@ -1,7 +1,7 @@
 """The replay cache: bounded, least recently used first, never past a receipt's expiry."""
 
-from receiver._cache import ReplayCache
-from receiver._ledger import Key, StoredResponse
+from receiver._ledger.cache import ReplayCache
+from receiver._ledger.receipts import Key, StoredResponse
 
 ANSWER = StoredResponse(200, "application/json", b"{}")
 

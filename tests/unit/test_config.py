@@ -31,13 +31,13 @@ from receiver import (
     sign_github,
     sign_stripe,
 )
-from receiver._config import (
+from receiver._config.loader import (
     DEFAULT_LEASE,
     DEFAULT_RETRY_AFTER,
     DEFAULT_SWEEP_INTERVAL,
     _app_from_environment,
 )
-from receiver._toml_source import scan as _scan
+from receiver._config.toml_source import scan as _scan
 
 # -- handler modules: this test module is one (handlers = ["tests.unit.test_config"]) ----------
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from receiver._durations import DEFAULT_RETRY_AFTER, Durations
+from receiver._ops.durations import DEFAULT_RETRY_AFTER, Durations
 
 
 def test_a_four_second_action_is_retried_in_seconds_not_at_the_end_of_its_lease() -> None:

@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 
 from receiver import ConfigurationError, Provider, Receiver
-from receiver._handlers import Registry
+from receiver._webhooks.handlers import Registry
 
 
 async def a(event: Any, tx: Any) -> None: ...

@@ -8,10 +8,10 @@ import hashlib
 import pytest
 
 from receiver import ConfigurationError
-from receiver._migrations import NO_TRANSACTION, load, migrations
-from receiver._queries import DIALECTS
+from receiver._store.migrations import NO_TRANSACTION, load, migrations
+from receiver._store.queries import DIALECTS
 
-# sha256 of receiver 0.1.0's schema files (schema.sql and receiver/sql/schema.sqlite.sql): a
+# sha256 of receiver 0.1.0's schema files (schema.sql and receiver/_store/sql/schema.sqlite.sql): a
 # database created by 0.1.0 is taken to be at 0001, so 0001 must never change.
 RELEASED_0_1_0 = {
     "postgresql": "4d140d4011d8078c39adb717a0bce8a6a8a94b170cf9305d67d07852b4858866",

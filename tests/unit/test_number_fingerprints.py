@@ -1,6 +1,7 @@
 """Fingerprints tell numbers apart by their exact value (issue 19, item 4): two JSON documents
 get one fingerprint exactly when they are equal as values under the rule of
-receiver/_payload.py (integers by value; numbers with a fraction or exponent by their exact
+receiver/_verification/payload.py (integers by value; numbers with a fraction or exponent by
+their exact
 decimal value; an integer is never the same as a number with a fraction). Checked for the
 webhook path's payload hash and the Idempotency-Key middleware's fingerprint alike."""
 
@@ -12,8 +13,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from receiver._idempotency import _fingerprint
-from receiver._payload import parse
+from receiver._idempotency.middleware import _fingerprint
+from receiver._verification.payload import parse
 
 D = decimal.Decimal
 

@@ -1,4 +1,5 @@
-"""The normalized payload hash (receiver/_payload.py): distinct payloads never hash equal, and
+"""The normalized payload hash (receiver/_verification/payload.py): distinct payloads never
+hash equal, and
 re-serialisations of one payload always do, whatever the integers' size, the nesting or the
 Unicode; a payload nested too deep is an invalid payload, never an exception."""
 
@@ -13,7 +14,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from receiver._payload import MAX_DEPTH, parse
+from receiver._verification.payload import MAX_DEPTH, parse
 
 # Unbounded integers (well past 64 bits), finite floats, every Unicode scalar value except lone
 # surrogates (not UTF-8, refused by the parser), nested objects and arrays.

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from receiver._queries import DIALECTS, parse, queries, runner_queries
+from receiver._store.queries import DIALECTS, parse, queries, runner_queries
 
 
 def parameters(sql: str) -> set[int]:

@@ -30,7 +30,7 @@ def test_the_quoted_typo_error_is_the_real_one(tmp_path: Path) -> None:
 
 
 def test_the_default_store_is_named_as_it_is() -> None:
-    from receiver._app import DEFAULT_STORE
+    from receiver._webhooks.app import DEFAULT_STORE
 
     assert "receipts.db" not in README
     assert DEFAULT_STORE in README

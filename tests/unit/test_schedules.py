@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from receiver._exceptions import ConfigurationError
-from receiver._schedules import (
+from receiver._webhooks.schedules import (
     PRESETS,
     DedupWindow,
     RetrySchedule,

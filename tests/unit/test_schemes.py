@@ -32,7 +32,7 @@ from slack_sdk.signature import SignatureVerifier
 from starlette.datastructures import Headers
 
 from receiver._exceptions import ConfigurationError, MalformedRequest, VerificationError
-from receiver._schemes import (
+from receiver._verification.schemes import (
     MAX_HEADER,
     GitHub,
     Shopify,
@@ -43,7 +43,7 @@ from receiver._schemes import (
     sign_slack,
     sign_stripe,
 )
-from receiver._verification import MAX_SIGNATURE_HEADER, VerifiedDelivery, Verifier
+from receiver._verification.verifier import MAX_SIGNATURE_HEADER, VerifiedDelivery, Verifier
 
 NOW = 1_800_000_000
 TOKEN = re.compile(r"[\x21-\x7e]{1,255}")

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from starlette.datastructures import Headers
 
 from receiver._exceptions import ConfigurationError, MalformedRequest, VerificationError
-from receiver._verification import (
+from receiver._verification.verifier import (
     MAX_SIGNATURE_ENTRIES,
     MAX_SIGNATURE_HEADER,
     StandardWebhooks,

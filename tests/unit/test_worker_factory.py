@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from receiver import Receiver, ReceiverError
-from receiver._cli import _build_receiver, build_parser
+from receiver._cli.loading import build_receiver as _build_receiver
+from receiver._cli.main import build_parser
 
 FACTORIES = """
 from receiver import Provider, Receiver

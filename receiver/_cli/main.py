@@ -1,0 +1,186 @@
+"""The ``receiver`` command's parser and dispatch; each command is in the module of its group
+(``processes``, ``receipts``, ``setup``).
+
+Every option can also be given as an environment variable ``RECEIVER_<OPTION>`` (for example
+``RECEIVER_STORE``); the command line wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .._exceptions import ReceiverError
+from .._logging import FORMATS
+from .._webhooks.app import DEFAULT_STORE
+from .loading import DEFAULT_APP
+from .processes import serve, sweep_command, worker_command
+from .receipts import failed_command, inspect_command, replay_command
+from .setup import migrate, send, ttl_command
+
+CONFIG_HELP = "a TOML file: store, limits, providers and handler modules (instead of --app)"
+STORE_HELP = (
+    "store URL: sqlite:///path.db or postgresql://... "
+    f"(default: the --config file's store, else {DEFAULT_STORE})"
+)
+
+
+def _add(
+    parser: argparse.ArgumentParser, name: str, help: str, default: Any = None, **kw: Any
+) -> None:
+    env = f"RECEIVER_{name.upper().replace('-', '_')}"
+    value = os.environ.get(env, default)
+    parser.add_argument(
+        f"--{name}", default=value, help=f"{help} [env {env}; default {default}]", **kw
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="receiver", description="Receive webhooks so that each event takes effect once."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the receiver on uvicorn")
+    _add(serve, "app", "the ASGI app to serve, module:attribute", DEFAULT_APP)
+    _add(serve, "config", CONFIG_HELP)
+    _add(serve, "store", STORE_HELP)
+    _add(serve, "host", "interface to bind", "127.0.0.1")
+    _add(serve, "port", "port to bind", 8000, type=int)
+    _add(serve, "workers", "uvicorn worker processes", 1, type=int)
+    _add(serve, "log-level", "uvicorn log level", "info")
+    _add(serve, "log-format", "json (one object per line) or text", "json", choices=FORMATS)
+
+    migrate = sub.add_parser(
+        "migrate", help="apply the schema migrations the store lacks (idempotent)"
+    )
+    _add(migrate, "config", "take the store from this config file")
+    _add(migrate, "store", STORE_HELP)
+    migrate.add_argument(
+        "--check",
+        action="store_true",
+        help="change nothing; exit 1 listing the missing migrations if the store is behind",
+    )
+
+    sweep = sub.add_parser("sweep", help="one sweeper pass: recover stale claims, delete expired")
+    _add(
+        sweep,
+        "app",
+        "the Receiver whose handlers recover stale claims, module:attribute",
+        DEFAULT_APP,
+    )
+    _add(sweep, "config", CONFIG_HELP)
+    sweep.add_argument(
+        "--store",
+        default=None,
+        help="sweep this store with no app: release Idempotency-Key requests that died, delete "
+        "expired receipts and keys (stale webhook and action claims need their handlers and "
+        "tools: --app or --config); with --config, the store instead of the file's",
+    )
+    _add(sweep, "batch", "receipts per batch", 100, type=int)
+
+    worker = sub.add_parser(
+        "worker",
+        help="run queued deliveries (mode='queued'); any number on one PostgreSQL, one on SQLite",
+    )
+    _add(worker, "app", "the Receiver whose queued handlers to run, module:attribute", DEFAULT_APP)
+    _add(worker, "config", CONFIG_HELP)
+    _add(worker, "store", STORE_HELP)
+    _add(worker, "concurrency", "attempts run at once by this process", 16, type=int)
+    _add(worker, "poll-interval", "seconds between polls when no NOTIFY arrives", 1.0, type=float)
+    _add(
+        worker,
+        "stale-interval",
+        "seconds between looks for deliveries a dead worker left in flight (each is taken over "
+        "once its lease ran out: at most lease + this after the death)",
+        5.0,
+        type=float,
+    )
+    worker.add_argument(
+        "--factory",
+        action="store_true",
+        default=os.environ.get("RECEIVER_FACTORY", "") not in ("", "0", "false"),
+        help="--app names a function that builds the Receiver, called as app(store=URL) when "
+        "--store is given, else app() [env RECEIVER_FACTORY]",
+    )
+    _add(worker, "grace", "on SIGTERM, seconds to let running attempts finish", 30.0, type=float)
+    _add(worker, "metrics-port", "serve Prometheus metrics on this port (0: none)", 0, type=int)
+    _add(worker, "log-level", "log level", "info")
+    _add(worker, "log-format", "json (one object per line) or text", "json", choices=FORMATS)
+
+    inspect = sub.add_parser("inspect", help="show one receipt: state, attempts, stored answer")
+    inspect.add_argument("provider")
+    inspect.add_argument("webhook_id")
+    _add(inspect, "store", "store URL", DEFAULT_STORE)
+    inspect.add_argument(
+        "--principal",
+        default=None,
+        help="for an Idempotency-Key (PROVIDER idem:NAMESPACE, WEBHOOK_ID the key): whose key",
+    )
+
+    failed = sub.add_parser("failed", help="list receipts whose handlers failed")
+    _add(failed, "store", "store URL", DEFAULT_STORE)
+    _add(failed, "provider", "only this provider", "")
+    _add(failed, "limit", "at most this many", 50, type=int)
+
+    replay = sub.add_parser(
+        "replay",
+        help="run failed deliveries again through the claim/fence path (never completed ones)",
+    )
+    replay.add_argument(
+        "target", nargs="*", metavar="PROVIDER WEBHOOK_ID", help="the delivery to replay"
+    )
+    replay.add_argument(
+        "--all-failed",
+        action="store_true",
+        help="replay what `receiver failed` lists, oldest first, at most --limit",
+    )
+    _add(replay, "app", "the Receiver whose handlers run the replay, module:attribute", DEFAULT_APP)
+    _add(replay, "config", CONFIG_HELP)
+    _add(replay, "provider", "with --all-failed: only this provider", "")
+    _add(replay, "limit", "with --all-failed: at most this many", 100, type=int)
+
+    ttl = sub.add_parser(
+        "ttl",
+        help="explain each provider's retry schedule and dedup window (without --app or "
+        "--config: every preset)",
+    )
+    _add(ttl, "app", "the Receiver whose providers to explain, module:attribute")
+    _add(ttl, "config", "explain the providers of this config file (needs no secrets)")
+
+    send = sub.add_parser("send", help="sign a delivery and POST it, to try the receiver")
+    _add(send, "url", "the provider's endpoint", "http://127.0.0.1:8000/demo")
+    _add(send, "secret", "the provider's whsec_ (or whsk_) secret", None)
+    _add(send, "id", "webhook-id (reuse one to see a replay)", None)
+    _add(send, "type", "event type", "order.created")
+    _add(
+        send,
+        "data",
+        "the event's data, as JSON (default: an order named after the webhook-id, so that each "
+        "new id is a new payload)",
+    )
+    _add(send, "timestamp", "webhook-timestamp (unix seconds; default now)", None, type=int)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        command = {
+            "serve": serve,
+            "migrate": migrate,
+            "send": send,
+            "sweep": sweep_command,
+            "inspect": inspect_command,
+            "failed": failed_command,
+            "replay": replay_command,
+            "ttl": ttl_command,
+            "worker": worker_command,
+        }[args.command]
+        return command(args)
+    except ReceiverError as exc:
+        print(f"receiver: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,185 @@
+"""The commands that read or act on stored receipts: ``receiver inspect``, ``receiver
+failed`` and ``receiver replay``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+import orjson
+
+from .._exceptions import ReceiverError
+from .._ledger import keyed
+from .._ledger import receipts as ledger
+from .._ledger.receipts import Key, Receipt
+from .._store.base import Row
+from .._webhooks.pipeline import Outcome, Reply
+from .._webhooks.replay import ReplayRefused, failed_keys, replay_all
+from .loading import (
+    config_receiver,
+    existing_store,
+    load_receiver,
+    positive,
+    read,
+    text_argument,
+    when,
+)
+
+
+def inspect_command(args: argparse.Namespace) -> int:
+    provider = text_argument("provider", args.provider)
+    webhook_id = text_argument("webhook id", args.webhook_id)
+    if args.principal is not None:
+        if keyed.namespace(provider) != keyed.IDEMPOTENCY:
+            raise ReceiverError("--principal is for Idempotency-Keys: PROVIDER idem:NAMESPACE")
+        principal = text_argument("--principal", args.principal)
+        webhook_id = orjson.dumps([principal, webhook_id]).decode()
+    store = existing_store(args.store)
+
+    async def run() -> tuple[Receipt | None, list[Row]]:
+        async with store, store.acquire() as conn:
+            receipt = await ledger.lookup(conn, Key(provider, webhook_id))
+            attempts = await conn.run_all("list_attempts", provider, webhook_id)
+            return receipt, attempts
+
+    receipt, attempts = read(store, run)
+    if receipt is None:
+        print(f"no receipt for {args.provider}/{args.webhook_id}", file=sys.stderr)
+        return 1
+    print(f"receipt      {args.provider}/{args.webhook_id}")
+    print(f"kind         {_kind(provider, webhook_id)}")
+    review = " - NEEDS REVIEW by a person" if keyed.needs_review(receipt) else ""
+    print(f"state        {receipt.state.value} (fence {receipt.fence}){review}")
+    print(f"event type   {receipt.event_type or '-'}")
+    print(f"claimed at   {when(receipt.claimed_at)}")
+    print(f"lease until  {when(receipt.lease_until)}")
+    print(f"completed at {when(receipt.completed_at)}")
+    print(f"expires at   {when(receipt.expires_at)}")
+    print(f"payload hash {receipt.payload_hash.hex()}")
+    print(f"attempts     {receipt.attempts} failed")
+    for attempt in attempts:
+        print(f"  fence {attempt['fence']} at {when(attempt['failed_at'])}: {attempt['error']}")
+    if receipt.response is not None:
+        r = receipt.response
+        print(f"response     {r.status} {r.content_type} ({len(r.body)} bytes)")
+        print("  " + r.body[:2000].decode("utf-8", "replace"))
+    return 0
+
+
+def failed_command(args: argparse.Namespace) -> int:
+    provider = text_argument("--provider", args.provider)
+    limit = positive("--limit", args.limit)
+    store = existing_store(args.store)
+
+    async def run() -> list[Row]:
+        async with store, store.acquire() as conn:
+            return await conn.run_all("list_failed", provider, limit)
+
+    rows = read(store, run)
+    if not rows:
+        print("no failed receipts")
+        return 0
+    for row in rows:
+        error = (row["last_error"] or "").splitlines()[0][:80] if row["last_error"] else "-"
+        kind = {keyed.ACTION: "action", keyed.IDEMPOTENCY: "idempotency-key"}.get(
+            keyed.namespace(row["provider"]) or "", "webhook"
+        )
+        print(
+            f"{row['provider']}/{row['webhook_id']}  {row['state']}  kind={kind}  "
+            f"type={row['event_type']}  attempts={row['attempts']}  "
+            f"claimed={when(row['claimed_at'])}  {error}"
+        )
+    print(
+        "webhooks: replay one with receiver replay PROVIDER WEBHOOK_ID --app mod:attr, all of "
+        "them with receiver replay --all-failed --app mod:attr; actions and Idempotency-Keys "
+        "run again when their caller retries (receiver inspect PROVIDER KEY for details)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _kind(provider: str, webhook_id: str) -> str:
+    """What a ledger row is, for people: a webhook delivery, an agent action or a keyed
+    request (their rows share the ledger under a namespaced provider)."""
+    namespace = keyed.namespace(provider)
+    if namespace == keyed.ACTION:
+        return f"agent action of tool {provider.partition(':')[2]} (actions.inspect(key) in code)"
+    if namespace == keyed.IDEMPOTENCY:
+        try:
+            principal, key = orjson.loads(webhook_id)
+        except (orjson.JSONDecodeError, ValueError, TypeError):
+            return "Idempotency-Key request"
+        return (
+            f"Idempotency-Key request of {provider.partition(':')[2]}: principal {principal!r}, "
+            f"key {key!r}"
+        )
+    return "webhook delivery"
+
+
+def replay_command(args: argparse.Namespace) -> int:
+    if args.all_failed == bool(args.target) or len(args.target) not in (0, 2):
+        raise ReceiverError(
+            "replay takes PROVIDER WEBHOOK_ID, or --all-failed [--provider P] [--limit N]"
+        )
+    positive("--limit", args.limit)
+    for index, value in enumerate(args.target):
+        text_argument("provider" if index == 0 else "webhook id", value)
+    text_argument("--provider", args.provider)
+    rx = config_receiver(args) if args.config else load_receiver(args.app)
+
+    async def run() -> int:
+        async with rx:
+            if args.target:
+                keys = [Key(*args.target)]
+            else:
+                keys = await failed_keys(rx, args.provider, args.limit)
+                if not keys:
+                    print("no failed receipts to replay")
+                    return 0
+            progress = _Progress(len(keys)) if args.all_failed and sys.stderr.isatty() else None
+            done: dict[str, int] = {}
+            async for key, result in replay_all(rx, keys):
+                name = f"{key.provider}/{key.webhook_id}"
+                if isinstance(result, ReplayRefused):
+                    outcome, line = "refused", f"refused: {result}"
+                else:
+                    outcome, line = result.outcome.value, f"{name}: {_replayed(result)}"
+                done[outcome] = done.get(outcome, 0) + 1
+                if progress is not None:
+                    progress.step(f"{name} {outcome}")
+                else:
+                    print(line, file=sys.stderr if outcome == "refused" else sys.stdout)
+                if args.target and not isinstance(result, ReplayRefused):
+                    print(bytes(result.response.body)[:2000].decode("utf-8", "replace"))
+            if progress is not None:
+                progress.close()
+            if args.all_failed:
+                summary = ", ".join(f"{n} {outcome}" for outcome, n in sorted(done.items()))
+                print(f"replayed {len(keys)}: {summary}")
+            ok = {Outcome.EXECUTED, Outcome.IGNORED, Outcome.INVALID, Outcome.RECONCILED}
+            return 0 if set(done) <= {o.value for o in ok} else 1
+
+    return asyncio.run(run())
+
+
+def _replayed(reply: Reply) -> str:
+    return f"{reply.outcome.value} (HTTP {reply.response.status_code}, fence {reply.fence})"
+
+
+class _Progress:
+    """A one-line progress bar on a terminal (stderr)."""
+
+    def __init__(self, total: int, width: int = 30) -> None:
+        self.total, self.width, self.count = total, width, 0
+
+    def step(self, label: str) -> None:
+        self.count += 1
+        filled = self.width * self.count // self.total
+        bar = "#" * filled + "." * (self.width - filled)
+        sys.stderr.write(f"\r[{bar}] {self.count}/{self.total} {label[:60]:<60}")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        sys.stderr.write("\n")
+        sys.stderr.flush()

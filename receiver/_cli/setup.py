@@ -1,0 +1,123 @@
+"""The commands that set things up or try them: ``receiver ttl`` (dedup windows from retry
+schedules), ``receiver migrate`` and ``receiver send`` (a signed test delivery)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+import uuid
+from typing import Any
+
+import httpx
+import orjson
+
+from .._config.loader import load_config
+from .._exceptions import ConfigurationError
+from .._store.sqlite import SQLiteStore
+from .._store.url import store_from_url
+from .._verification.verifier import sign
+from .._webhooks.app import DEFAULT_STORE
+from .._webhooks.schedules import PRESETS, dedup_window, describe
+from .loading import check_config_alone, load_receiver
+
+
+def ttl_command(args: argparse.Namespace) -> int:
+    first = "provider"
+    if args.config:
+        if args.app:
+            check_config_alone(args)
+        windows = [p.window for p in load_config(args.config).providers]
+    elif args.app:
+        windows = [p.window for p in load_receiver(args.app).providers.values()]
+    else:
+        # No receiver named: what each preset would give with the default review margin.
+        first = "preset"
+        windows = [dedup_window(schedule, provider=name) for name, schedule in PRESETS.items()]
+    rows = [describe(window) for window in windows]
+    for row in rows:
+        row[first] = row.pop("provider")
+    columns = [first, "schedule", "span", "margin", "window", "source"]
+    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns).rstrip())
+    for r in rows:
+        print("  ".join(r[c].ljust(widths[c]) for c in columns).rstrip())
+    return 0
+
+
+def migrate(args: argparse.Namespace) -> int:
+    url = args.store or (load_config(args.config).store if args.config else DEFAULT_STORE)
+    store = store_from_url(url)
+    if isinstance(store, SQLiteStore):
+        store.auto_migrate = False  # this command applies (or checks) them itself
+
+    async def run() -> int:
+        async with store:
+            if args.check:
+                missing = await store.missing_migrations()
+                if missing:
+                    print(
+                        f"receiver: the schema in {store.url} is behind: missing "
+                        f"{', '.join(missing)} (run `receiver migrate`)",
+                        file=sys.stderr,
+                    )
+                    return 1
+                print(f"schema up to date in {store.url}")
+                return 0
+            for name in await store.migrate():
+                print(f"applied {name}")
+            print(f"schema ready in {store.url}")
+            return 0
+
+    return asyncio.run(run())
+
+
+def send(args: argparse.Namespace) -> int:
+    """Sign and POST one delivery. Exit status: 0 for a 2xx answer, 1 for any other answer or
+    no answer (as ``curl --fail``), 2 for a mistake on the command line."""
+    if not args.secret:
+        print("receiver send: --secret (or RECEIVER_SECRET) is required", file=sys.stderr)
+        return 2
+    webhook_id = args.id or f"msg_{uuid.uuid4().hex}"
+    if args.data is None:
+        # Named after the id: a new id is a new event, never the same payload under another id
+        # (which the receiver reports as key drift), and the same id is the same payload.
+        data: Any = {"order_id": f"o-{webhook_id.removeprefix('msg_')}", "amount_cents": 1250}
+    else:
+        try:
+            data = orjson.loads(args.data)
+        except orjson.JSONDecodeError as exc:
+            print(f"receiver send: --data is not JSON: {exc}", file=sys.stderr)
+            return 2
+    timestamp = args.timestamp if args.timestamp is not None else int(time.time())
+    body = orjson.dumps({"type": args.type, "data": data})
+    try:
+        signature = sign(args.secret, webhook_id, timestamp, body)
+    except ConfigurationError:
+        print(
+            "receiver send: --secret is not a signing secret: give the provider's whsec_... "
+            "secret (or whsk_... for ed25519) exactly as the receiver has it, e.g. the one "
+            "`receiver serve` printed",
+            file=sys.stderr,
+        )
+        return 2
+    headers = {
+        "content-type": "application/json",
+        "webhook-id": webhook_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": signature,
+    }
+    try:
+        response = httpx.post(args.url, content=body, headers=headers, timeout=30)
+    except httpx.HTTPError as exc:
+        print(f"receiver send: {args.url}: {exc}", file=sys.stderr)
+        return 1
+    print(f"POST {args.url}  webhook-id: {webhook_id}")
+    print(f"HTTP {response.status_code}")
+    for name in ("content-type", "idempotent-replayed", "retry-after"):
+        if name in response.headers:
+            print(f"{name}: {response.headers[name]}")
+    print()
+    print(response.text)
+    return 0 if response.is_success else 1

@@ -1,0 +1,158 @@
+"""A checked configuration (:class:`Config`), and the Receiver it builds.
+
+:meth:`Config.receiver` reads the secrets from the named environment variables, imports the
+handler modules, and builds the Receiver. Secrets never come from the file: files get
+committed, copied and pasted into tickets; deployments already keep secrets in the environment.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from .._exceptions import ConfigurationError
+from .._queue.backoff import Backoff
+from .._store.base import Store
+from .._verification.schemes import GitHub, Shopify, Slack, Stripe, _key
+from .._verification.verifier import StandardWebhooks, Verifier, _load_secret
+from .._webhooks.app import Receiver
+from .._webhooks.handlers import Mode
+from .._webhooks.providers import Provider
+from .._webhooks.schedules import DedupWindow
+from .toml_source import Key, located
+
+RegisterFunc = Callable[[Receiver], object]
+
+
+@dataclass(frozen=True)
+class ProviderConfig:
+    """One ``[providers.NAME]`` table, checked; durations in seconds, defaults filled in."""
+
+    name: str
+    scheme: str
+    #: Names of the environment variables holding the secrets, newest first.
+    secrets_env: tuple[str, ...]
+    #: None for schemes without a signed timestamp (GitHub, Shopify).
+    tolerance: float | None
+    review_margin: float
+    ttl: float | None
+    lease: float
+    #: The schedule, span, margin and resulting dedup window (what ``receiver ttl`` prints).
+    window: DedupWindow
+    #: "inline", or "queued": answered 202, handlers run on workers with these retries.
+    mode: Mode = "inline"
+    retry: Backoff = field(default_factory=Backoff)
+
+
+@dataclass(frozen=True)
+class Config:
+    """A checked configuration file. :meth:`receiver` builds the Receiver it describes."""
+
+    path: str
+    store: str
+    #: ``"module"`` (calls ``module.register(rx)``) or ``"module:function"``.
+    handlers: tuple[str, ...]
+    max_body_size: int
+    retry_after: int
+    #: None: no background sweeper (``sweep_interval = false``).
+    sweep_interval: float | None
+    providers: tuple[ProviderConfig, ...]
+    #: Addresses or networks of the gateways whose X-Forwarded-For is believed.
+    trusted_proxies: tuple[str, ...] = ()
+    #: In-process worker slots for queued deliveries (0: run ``receiver worker`` instead).
+    workers: int = 0
+    _lines: Mapping[tuple[str, ...], int] = field(default_factory=dict, repr=False, compare=False)
+
+    def receiver(
+        self, *, store: Store | str | None = None, environ: Mapping[str, str] | None = None
+    ) -> Receiver:
+        """Build the Receiver: secrets from ``environ`` (default ``os.environ``), then each
+        handler module's ``register(rx)``. ``store`` overrides the file's store."""
+        env = os.environ if environ is None else environ
+        providers = [self._provider(p, env) for p in self.providers]
+        registers = [self._register_func(index, spec) for index, spec in enumerate(self.handlers)]
+        rx = Receiver(
+            self.store if store is None else store,
+            providers,
+            max_body_size=self.max_body_size,
+            retry_after=self.retry_after,
+            sweep_interval=self.sweep_interval,
+            trusted_proxies=self.trusted_proxies,
+            workers=self.workers,
+        )
+        for index, register in enumerate(registers):
+            try:
+                register(rx)
+            except ConfigurationError as exc:
+                raise self._error(("handlers", index), f"{self.handlers[index]}: {exc}") from exc
+        return rx
+
+    def _provider(self, config: ProviderConfig, env: Mapping[str, str]) -> Provider:
+        secrets: list[str] = []
+        for index, var in enumerate(config.secrets_env):
+            key: Key = ("providers", config.name, "secrets_env", index)
+            value = env.get(var)
+            if value is None:
+                raise self._error(
+                    key,
+                    f"environment variable {var} is not set; export it with the provider's "
+                    "secret (secrets are never read from the file)",
+                )
+            try:
+                if config.scheme == "standard-webhooks":
+                    _load_secret(value, f"the secret in {var}")
+                else:
+                    _key(value, f"the secret in {var}")
+            except ConfigurationError as exc:
+                raise self._error(key, str(exc)) from exc
+            secrets.append(value)
+        return Provider(
+            config.name,
+            verifier=_verifier(config.scheme, secrets, config.tolerance),
+            schedule=config.window.schedule,
+            review_margin=config.review_margin,
+            ttl=config.ttl,
+            lease=config.lease,
+            mode=config.mode,
+            retry=config.retry,
+        )
+
+    def _register_func(self, index: int, spec: str) -> RegisterFunc:
+        module_name, _, attr = spec.partition(":")
+        key: Key = ("handlers", index)
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise self._error(key, f"cannot import {module_name}: {exc}") from exc
+        func = getattr(module, attr or "register", None)
+        if func is None:
+            raise self._error(
+                key,
+                f"module {module_name} has no {attr or 'register'}(): define "
+                f"def {attr or 'register'}(rx) there, registering the handlers on rx"
+                + ("" if attr else f', or name the function: "{module_name}:setup"'),
+            )
+        if isinstance(func, Receiver) or not callable(func):
+            raise self._error(
+                key, f"{module_name}:{attr or 'register'} is not a function taking the Receiver"
+            )
+        register: RegisterFunc = func
+        return register
+
+    def _error(self, key: Key, message: str) -> ConfigurationError:
+        return located(self.path, self._lines, key, message)
+
+
+def _verifier(scheme: str, secrets: list[str], tolerance: float | None) -> Verifier:
+    timed = {} if tolerance is None else {"tolerance": tolerance}
+    if scheme == "stripe":
+        return Stripe(secrets, **timed)
+    if scheme == "slack":
+        return Slack(secrets, **timed)
+    if scheme == "github":
+        return GitHub(secrets)
+    if scheme == "shopify":
+        return Shopify(secrets)
+    return StandardWebhooks(secrets, **timed)

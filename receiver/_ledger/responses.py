@@ -1,0 +1,85 @@
+"""Turning handler results into stored answers, and stored answers into HTTP responses."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from .receipts import StoredResponse
+from .results import Encoder, dumps
+
+JSON = "application/json"
+
+OK = StoredResponse(200, JSON, b'{"status":"ok"}')
+IGNORED = StoredResponse(200, JSON, b'{"status":"ignored"}')
+
+
+def json_response(
+    status: int, body: Mapping[str, Any], headers: Mapping[str, str] | None = None
+) -> Response:
+    return Response(orjson.dumps(body), status, headers=headers, media_type=JSON)
+
+
+def error(
+    status: int, code: str, detail: str, headers: Mapping[str, str] | None = None
+) -> Response:
+    """The receiver's own error answers: a short JSON object naming what failed."""
+    return json_response(status, {"error": code, "detail": detail}, headers)
+
+
+def stored_error(status: int, code: str, detail: str) -> StoredResponse:
+    return StoredResponse(status, JSON, orjson.dumps({"error": code, "detail": detail}))
+
+
+def encode(result: Any, encoder: Encoder | None = None) -> StoredResponse:
+    """What a handler returned, as the answer to store: None, a JSON-able value (see
+    :mod:`receiver._ledger.results`; NotStorable if it is not one), or a Starlette Response with a
+    body (a streaming response cannot be stored and replayed)."""
+    if result is None:
+        return OK
+    if isinstance(result, Response):
+        if not hasattr(result, "body"):
+            raise TypeError(
+                f"handlers must return a Response with a body, not {type(result).__name__}: "
+                "a stream cannot be stored for replay"
+            )
+        content_type = result.headers.get("content-type", "")
+        kept = tuple(
+            (name.decode("latin-1"), value.decode("latin-1"))
+            for name, value in result.raw_headers
+            if name.lower() not in _NOT_STORED
+        )
+        return StoredResponse(result.status_code, content_type, bytes(result.body), kept)
+    return StoredResponse(200, JSON, dumps(result, encoder))
+
+
+# Headers that describe one transfer or that the receiver sets itself, never the answer:
+# everything else a handler sets (Retry-After, Location, its own) is stored and replayed.
+_NOT_STORED = frozenset(
+    {
+        b"content-type",  # stored on its own
+        b"content-length",
+        b"transfer-encoding",
+        b"connection",
+        b"keep-alive",
+        b"date",
+        b"server",
+        b"idempotent-replayed",
+    }
+)
+
+
+def replay(stored: StoredResponse, *, replayed: bool) -> Response:
+    """The stored answer as a response: status, body, content type and the handler's headers,
+    in their stored order, byte for byte."""
+    response = Response(stored.body, stored.status)
+    raw = response.raw_headers  # content-length, computed from the body
+    if stored.content_type:
+        raw.append((b"content-type", stored.content_type.encode("latin-1")))
+    raw.extend((n.encode("latin-1"), v.encode("latin-1")) for n, v in stored.headers)
+    if replayed:
+        raw.append((b"idempotent-replayed", b"true"))
+    return response

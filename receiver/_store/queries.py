@@ -1,0 +1,55 @@
+"""The ledger's SQL, one file per dialect, loaded once by statement name.
+
+Each ``queries.<dialect>.sql`` file is a list of blocks that start with ``-- name: NAME``. Both
+dialects define the same names with the same positional parameters, which is what lets
+:mod:`receiver._ledger.receipts` be written once for every store. ``migrate.<dialect>.sql`` holds
+the
+migration runner's own statements the same way; the schema itself is the numbered files of
+``sql/migrations/<dialect>/`` (receiver/_store/migrations.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import re
+from collections.abc import Mapping, Sequence
+
+DIALECTS = ("postgresql", "sqlite")
+
+_BLOCK = re.compile(r"^-- name: (\w+)[ \t]*$", re.MULTILINE)
+
+
+def parse(text: str) -> dict[str, str]:
+    """Split a queries file into ``{name: statement}``; comments and blank lines are dropped."""
+    parts = _BLOCK.split(text)
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        lines = [line for line in body.splitlines() if line.strip() and not line.startswith("--")]
+        if name in queries:
+            raise ValueError(f"query {name!r} is defined twice")
+        queries[name] = "\n".join(lines).rstrip().rstrip(";")
+    return queries
+
+
+def _read(filename: str) -> str:
+    return importlib.resources.files("receiver._store").joinpath("sql", filename).read_text("utf-8")
+
+
+@functools.cache
+def queries(dialect: str) -> Mapping[str, str]:
+    """The named statements of one dialect."""
+    return parse(_read(f"queries.{dialect}.sql"))
+
+
+@functools.cache
+def runner_queries(dialect: str) -> Mapping[str, str]:
+    """The migration runner's named statements of one dialect."""
+    return parse(_read(f"migrate.{dialect}.sql"))
+
+
+def split_statements(script: str) -> Sequence[str]:
+    """Split a migration script into statements (migrations put no ';' inside literals or
+    bodies, and no statement inside a comment)."""
+    lines = [line for line in script.splitlines() if not line.lstrip().startswith("--")]
+    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]

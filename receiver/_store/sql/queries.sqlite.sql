@@ -1,0 +1,372 @@
+-- receiver: the ledger's statements for SQLite (aiosqlite).
+-- Same names and positional parameters as queries.postgresql.sql; "?N" is SQLite's spelling of
+-- "$N". Times are stored as unix seconds (REAL).
+
+-- name: claim
+-- The arbiter: one statement. A row back means this caller owns the key with fence 1, and
+-- whether the same payload is already in the window under another webhook-id (key drift: a
+-- sender that regenerates ids on retry defeats dedup; one lookup of the payload-hash index,
+-- named because without statistics SQLite would walk the primary key by provider); no row,
+-- that the key exists (the caller looks it up: SQLite has no INSERT inside WITH, and a second
+-- statement costs no network round trip here).
+-- Time is the database's (?5 NULL: julianday('now'), the same for the whole statement) unless
+-- the store was given a clock; ?6 and ?7 are the lease and the window in seconds.
+INSERT INTO receiver_receipts
+    (provider, webhook_id, payload_hash, state, fence, event_type,
+     claimed_at, lease_until, expires_at, request_body)
+VALUES (?1, ?2, ?3, 'in_flight', 1, ?4,
+        COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0),
+        COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0) + ?6,
+        COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0) + ?7,
+        ?8)
+ON CONFLICT (provider, webhook_id) DO NOTHING
+RETURNING 1 AS claimed, provider, webhook_id, fence, claimed_at AS now,
+    EXISTS (
+        SELECT 1
+        FROM receiver_receipts AS d INDEXED BY receiver_receipts_payload_hash
+        WHERE d.provider = ?1 AND d.payload_hash = ?3 AND d.webhook_id <> ?2
+          AND d.expires_at > COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0)
+    ) AS drift;
+
+-- name: lookup
+SELECT state, fence, payload_hash, event_type,
+       COALESCE(?3, (julianday('now') - 2440587.5) * 86400.0) AS now,
+       claimed_at,
+       lease_until,
+       expires_at,
+       completed_at,
+       response_status, response_content_type, response_body, response_headers, request_body,
+       attempts, last_error
+FROM receiver_receipts
+WHERE provider = ?1 AND webhook_id = ?2;
+
+-- name: reclaim
+-- Compare-and-set on the fence seen by the caller: of several callers that saw the same
+-- released, lease-expired or expired row, exactly one gets it, with the next fence. A live
+-- lease always wins over expiry: an attempt still running is never taken over.
+UPDATE receiver_receipts
+SET fence = fence + 1,
+    state = 'in_flight',
+    attempts = CASE WHEN expires_at <= COALESCE(?6, (julianday('now') - 2440587.5) * 86400.0) THEN 0 ELSE attempts END,
+    last_error = CASE WHEN expires_at <= COALESCE(?6, (julianday('now') - 2440587.5) * 86400.0) THEN NULL ELSE last_error END,
+    payload_hash = ?4,
+    event_type = ?5,
+    claimed_at = COALESCE(?6, (julianday('now') - 2440587.5) * 86400.0),
+    lease_until = COALESCE(?6, (julianday('now') - 2440587.5) * 86400.0) + ?7,
+    expires_at = COALESCE(?6, (julianday('now') - 2440587.5) * 86400.0) + ?8,
+    request_body = ?9,
+    completed_at = NULL,
+    response_status = NULL,
+    response_content_type = NULL,
+    response_body = NULL,
+    response_headers = NULL
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3
+  AND (state = 'released'
+       OR (state = 'in_flight' AND lease_until <= COALESCE(?6, (julianday('now') - 2440587.5) * 86400.0))
+       OR (state <> 'in_flight' AND expires_at <= COALESCE(?6, (julianday('now') - 2440587.5) * 86400.0)))
+RETURNING fence;
+
+-- name: complete
+-- Fenced: zero rows means a newer claim owns the key and the caller must roll back.
+UPDATE receiver_receipts
+SET state = ?4,
+    response_status = ?5,
+    response_content_type = ?6,
+    response_body = ?7,
+    response_headers = ?9,
+    completed_at = COALESCE(?8, (julianday('now') - 2440587.5) * 86400.0),
+    request_body = CASE WHEN ?4 = 'completed' THEN NULL ELSE request_body END
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
+RETURNING provider, webhook_id, fence;
+
+-- name: release
+-- Fenced: give the key back so that the sender's retry runs the handlers again.
+UPDATE receiver_receipts
+SET state = 'released',
+    attempts = attempts + 1,
+    last_error = ?4,
+    lease_until = COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0)
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
+RETURNING fence;
+
+-- name: unresolve
+-- Fenced: reconcile() of an interrupted external attempt failed, so what happened outside is
+-- still unknown. Never released (a release lets the retry run the external effect again): the
+-- key stays in flight with its lease ended, so that the next attempt reconciles again.
+UPDATE receiver_receipts
+SET attempts = attempts + 1,
+    last_error = ?4,
+    lease_until = COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0)
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
+RETURNING fence;
+
+-- name: record_attempt
+INSERT INTO receiver_attempts (provider, webhook_id, fence, failed_at, error)
+VALUES (?1, ?2, ?3, COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0), ?5)
+ON CONFLICT (provider, webhook_id, fence)
+DO UPDATE SET failed_at = excluded.failed_at, error = excluded.error;
+
+-- name: note_failure
+-- A receipt marked failed for review keeps its reason, counted as an attempt (fenced).
+UPDATE receiver_receipts
+SET attempts = attempts + 1,
+    last_error = ?4
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3
+RETURNING fence;
+
+-- name: list_attempts
+SELECT fence, failed_at, error
+FROM receiver_attempts
+WHERE provider = ?1 AND webhook_id = ?2
+ORDER BY fence;
+
+-- name: extend_lease
+-- The lease runs ?5 seconds from now; the window grows with it if it must (a live lease
+-- always wins over expiry anyway).
+UPDATE receiver_receipts
+SET lease_until = COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0) + ?5,
+    expires_at = max(expires_at, COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0) + ?5)
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
+RETURNING fence;
+
+-- name: schema_ready
+-- For /readyz: the tables are there (reading no row). A file is writable or cannot be opened.
+SELECT false AS read_only, true AS privileged
+FROM (SELECT count(*) FROM receiver_receipts WHERE false) AS schema;
+
+-- name: stale
+-- In-flight receipts whose lease ran out: their attempt died or stalled (the sweeper's work).
+SELECT provider, webhook_id, state, fence, payload_hash, event_type,
+       COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0) AS now,
+       claimed_at, lease_until, expires_at, completed_at,
+       response_status, response_content_type, response_body, response_headers, request_body,
+       attempts, last_error
+FROM receiver_receipts
+WHERE state = 'in_flight' AND due_at IS NULL  -- queued receipts are the workers' (queue_stale)
+  AND lease_until <= COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0)
+ORDER BY lease_until
+LIMIT ?2;
+
+-- name: delete_expired
+-- What expiry means per state: see queries.postgresql.sql (?1 NULL: the database's clock; ?2:
+-- the retention, seconds). One batch of at most ?3 rows; one
+-- row (n = 1) per receipt deleted. Their attempts go with delete_orphan_attempts (SQLite has no
+-- data-modifying CTE); SQLite's single writer means no concurrent sweeper to skip.
+DELETE FROM receiver_receipts
+WHERE (provider, webhook_id) IN (
+    SELECT provider, webhook_id FROM receiver_receipts
+    WHERE expires_at <= COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0)
+      AND (state = 'completed'
+           OR (state IN ('failed', 'released')
+               AND expires_at <= COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0) - ?2))
+    LIMIT ?3
+)
+RETURNING 1 AS n;
+
+-- name: delete_orphan_attempts
+DELETE FROM receiver_attempts
+WHERE (provider, webhook_id, fence) IN (
+    SELECT a.provider, a.webhook_id, a.fence
+    FROM receiver_attempts a
+    LEFT JOIN receiver_receipts r
+        ON r.provider = a.provider AND r.webhook_id = a.webhook_id
+    WHERE r.provider IS NULL
+    LIMIT ?1
+)
+RETURNING fence;
+
+-- name: list_failed
+SELECT provider, webhook_id, state, fence, event_type, attempts, last_error,
+       claimed_at, completed_at
+FROM receiver_receipts
+WHERE (state = 'failed' OR (state IN ('released', 'queued') AND attempts > 0))
+  AND (?1 = '' OR provider = ?1)
+ORDER BY claimed_at
+LIMIT ?2;
+
+-- name: oldest_in_flight_by_provider
+-- For the metrics' oldest in-flight age; reads only in-flight rows (the partial index).
+SELECT provider, min(claimed_at) AS claimed_at
+FROM receiver_receipts
+WHERE state = 'in_flight'
+GROUP BY provider;
+
+-- name: count_by_provider_state
+-- Exact, and it reads the whole table: for small tables only (receiver/_ops/counts.py).
+SELECT provider, state, count(*) AS n
+FROM receiver_receipts
+GROUP BY provider, state;
+
+-- name: count_small_states
+-- The states that stay small (in flight, released, failed), counted through their partial
+-- indexes (receiver_receipts_in_flight, receiver_receipts_released_failed): the cost follows
+-- the number of unfinished receipts, not the size of the table.
+SELECT provider, 'in_flight' AS state, count(*) AS n
+FROM receiver_receipts
+WHERE state = 'in_flight'
+GROUP BY provider
+UNION ALL
+SELECT provider, state, count(*) AS n
+FROM receiver_receipts
+WHERE state IN ('released', 'failed')
+GROUP BY provider, state;
+
+-- name: estimate_by_provider
+-- SQLite keeps no row estimates: no rows, so the receipts are counted exactly.
+SELECT NULL AS provider, NULL AS n, NULL AS total WHERE 0;
+
+-- name: reopen
+-- Dead-letter replay: give a failed receipt back (fenced), so that the replay reclaims it with
+-- the next fence exactly as a sender's retry of a released receipt would.
+UPDATE receiver_receipts
+SET state = 'released',
+    lease_until = COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0),
+    completed_at = NULL,
+    response_status = NULL,
+    response_content_type = NULL,
+    response_body = NULL,
+    response_headers = NULL
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'failed'
+RETURNING fence;
+
+-- Queued mode (receiver/_queue/receipts.py); see queries.postgresql.sql for the whole story. SQLite has
+-- one writer: the batch is a group of these statements in one transaction, and a single
+-- worker process fetches (no SKIP LOCKED needed, none available).
+
+-- name: enqueue
+-- One row (PostgreSQL's takes the whole batch as arrays), with its key drift as the claim
+-- reports it. No NOTIFY on SQLite: workers poll.
+INSERT INTO receiver_receipts
+    (provider, webhook_id, payload_hash, state, fence, event_type, claimed_at,
+     lease_until, expires_at, due_at, request_body,
+     response_status, response_content_type, response_body)
+VALUES (?1, ?2, ?3, 'queued', 0, ?4,
+        COALESCE(?6, (julianday('now') - 2440587.5) * 86400.0),
+        COALESCE(?6, (julianday('now') - 2440587.5) * 86400.0),
+        9e999,
+        COALESCE(?6, (julianday('now') - 2440587.5) * 86400.0),
+        ?5, ?7, ?8, ?9)
+ON CONFLICT (provider, webhook_id) DO NOTHING
+RETURNING provider, webhook_id,
+    EXISTS (
+        SELECT 1
+        FROM receiver_receipts AS d INDEXED BY receiver_receipts_payload_hash
+        WHERE d.provider = ?1 AND d.payload_hash = ?3 AND d.webhook_id <> ?2
+          AND d.expires_at > COALESCE(?6, (julianday('now') - 2440587.5) * 86400.0)
+    ) AS drift;
+
+-- name: queue_fetch
+UPDATE receiver_receipts
+SET state = 'in_flight',
+    fence = fence + 1,
+    claimed_at = COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0),
+    lease_until = COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0) + ?3
+WHERE (provider, webhook_id) IN (
+    SELECT provider, webhook_id FROM receiver_receipts
+    WHERE state = 'queued'
+      AND due_at <= COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0)
+    ORDER BY due_at
+    LIMIT ?2
+)
+RETURNING provider, webhook_id, fence, payload_hash, event_type, request_body, attempts,
+          due_at, claimed_at AS now;
+
+-- name: queue_complete
+UPDATE receiver_receipts
+SET state = ?4,
+    completed_at = COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0),
+    lease_until = COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0),
+    expires_at = COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0) + ?6,
+    request_body = CASE WHEN ?4 = 'completed' THEN NULL ELSE request_body END
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
+RETURNING provider, webhook_id, fence;
+
+-- name: queue_retry
+UPDATE receiver_receipts
+SET state = CASE WHEN ?7 THEN 'failed' ELSE 'queued' END,
+    attempts = attempts + 1,
+    last_error = ?4,
+    lease_until = COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0),
+    due_at = CASE WHEN ?7 THEN due_at
+                  ELSE COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0) + ?6 END,
+    completed_at = CASE WHEN ?7 THEN COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0) END,
+    expires_at = CASE WHEN ?7 THEN COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0) + ?8
+                      ELSE expires_at END
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
+RETURNING fence;
+
+-- name: queue_reclaim
+UPDATE receiver_receipts
+SET fence = fence + 1,
+    claimed_at = COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0),
+    lease_until = COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0) + ?5
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
+  AND due_at IS NOT NULL
+  AND lease_until <= COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0)
+RETURNING fence;
+
+-- name: queue_stale
+SELECT provider, webhook_id, state, fence, payload_hash, event_type,
+       COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0) AS now,
+       claimed_at, lease_until, expires_at, completed_at,
+       response_status, response_content_type, response_body, response_headers, request_body,
+       attempts, last_error
+FROM receiver_receipts
+WHERE state = 'in_flight' AND due_at IS NOT NULL
+  AND lease_until <= COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0)
+ORDER BY lease_until
+LIMIT ?2;
+
+-- name: queue_requeue
+UPDATE receiver_receipts
+SET state = 'queued', payload_hash = ?4, event_type = ?5, request_body = ?6,
+    claimed_at = COALESCE(?7, (julianday('now') - 2440587.5) * 86400.0),
+    lease_until = COALESCE(?7, (julianday('now') - 2440587.5) * 86400.0),
+    expires_at = 9e999,
+    due_at = COALESCE(?7, (julianday('now') - 2440587.5) * 86400.0),
+    completed_at = NULL, attempts = 0, last_error = NULL,
+    response_status = ?8, response_content_type = ?9, response_body = ?10,
+    response_headers = NULL
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3
+  AND (state = 'released'
+       OR (state <> 'in_flight' AND state <> 'queued'
+           AND expires_at <= COALESCE(?7, (julianday('now') - 2440587.5) * 86400.0)))
+RETURNING fence;
+
+-- name: queue_reopen
+UPDATE receiver_receipts
+SET state = 'queued',
+    due_at = COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0),
+    lease_until = COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0),
+    attempts = 0, completed_at = NULL, expires_at = 9e999
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'failed'
+  AND due_at IS NOT NULL
+RETURNING fence;
+
+-- name: queue_next_due
+-- Seconds until the earliest queued receipt is due (<= 0: one is due now; NULL: none queued),
+-- so that an idle worker wakes for a retry when it is due, not on its next poll. The first
+-- entry of receiver_receipts_due.
+SELECT min(due_at) - COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0) AS wait
+FROM receiver_receipts
+WHERE state = 'queued';
+
+-- name: queue_depth
+SELECT provider,
+       sum(due_at <= t.now) AS due,
+       sum(due_at > t.now) AS waiting,
+       min(CASE WHEN due_at <= t.now THEN due_at END) AS oldest_due,
+       t.now AS now
+FROM receiver_receipts,
+     (SELECT COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0) AS now) t
+WHERE state = 'queued'
+GROUP BY provider;
+
+-- name: queue_release
+UPDATE receiver_receipts
+SET state = 'queued',
+    due_at = COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0),
+    lease_until = COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0)
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
+  AND due_at IS NOT NULL
+RETURNING fence;

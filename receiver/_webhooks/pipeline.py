@@ -1,0 +1,861 @@
+"""One delivery, step by step: verify, parse, claim, decide, run, answer.
+
+This module is the whole behaviour of README.md "What the sender gets". The order is the
+guarantee: nothing touches the store before verification passes (I5), and no handler runs
+without a claim of its key (I1). Every delivery ends in one :class:`Reply`: the response and
+the :class:`Outcome` that metrics and logs report.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import hashlib
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.datastructures import Headers
+from starlette.responses import Response
+
+from .._exceptions import (
+    LeaseLost,
+    StoreMisconfigured,
+    StoreReadOnly,
+    StoreUnavailable,
+    VerificationError,
+)
+from .._ledger import receipts as ledger
+from .._ledger.cache import ReplayCache
+from .._ledger.receipts import Claim, Decision, Key, Receipt, State, StoredResponse
+from .._ledger.responses import IGNORED, encode, error, replay, stored_error
+from .._ledger.results import Encoder, NotStorable, RunAgain
+from .._ledger.shared import SharedStatements
+from .._logging import get_logger
+from .._ops.metrics import Metrics
+from .._ops.redact import describe, is_driver_error, stack
+from .._ops.review import needs_review
+from .._queue import receipts as queue
+from .._queue.ingest import Ingest
+from .._store.base import Connection, Store
+from .._verification.payload import Parsed, parse
+from .events import Event
+from .handlers import Handler, Registry
+from .providers import Provider
+from .tracing import annotate, handler_span
+
+logger = get_logger("receiver")
+
+
+class Outcome(enum.StrEnum):
+    """How a delivery ended; one label value of the deliveries metric."""
+
+    EXECUTED = "executed"
+    REPLAYED = "replayed"
+    IGNORED = "ignored"
+    IN_FLIGHT = "in_flight_conflict"
+    MISMATCH = "payload_mismatch"
+    REJECTED = "rejected"
+    INVALID = "invalid_payload"
+    HANDLER_FAILED = "handler_failed"
+    LEASE_LOST = "lease_lost"
+    RECONCILED = "reconciled"
+    NEEDS_REVIEW = "needs_review"
+    STORE_UNAVAILABLE = "store_unavailable"
+    QUEUED = "queued"  # recorded for the workers and answered 202 (queued mode)
+    DEAD_LETTER = "dead_letter"  # a queued receipt's last attempt failed (workers only)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """How one delivery (or replay) was answered: the response and its :class:`Outcome`."""
+
+    response: Response
+    outcome: Outcome
+    fence: int | None = None
+    detail: str | None = None  # the failed check of a rejection
+
+
+_NEEDS_REVIEW = StoredResponse(
+    202,
+    "application/json",
+    b'{"status":"needs_review","detail":"an attempt with external effects was interrupted '
+    b'and cannot be safely re-run; an operator was alerted"}',
+)
+
+
+# What a sender is told when the store fails (the fix is for the operator's logs, not for it).
+_UNAVAILABLE = {
+    "unavailable": "the receipt store is unavailable; retry later",
+    "read_only": "the receipt store is read-only (failing over?); retry later",
+    "misconfigured": "the receipt store is misconfigured; retry later",
+}
+
+
+class HandlerAnswered(Exception):
+    """A handler answered 5xx (or 429): roll back and release, never store it as the truth.
+    Its name and message are what ``receiver failed`` shows as the attempt's error."""
+
+    def __init__(self, response: StoredResponse) -> None:
+        super().__init__(
+            f"HTTP {response.status}, not stored: the claim was released for the sender's retry"
+        )
+        self.response = response
+
+
+@dataclass(slots=True)
+class _Job:
+    """Everything about one delivery that the steps after verification need."""
+
+    claim: Claim
+    parsed: Parsed
+    handlers: Sequence[Handler]
+    #: What the handlers' Event carries besides the claim and the payload (the Event itself is
+    #: built once the fence is known, by :func:`_event`).
+    headers: Headers | None
+    timestamp: int | None
+    client: str | None
+    #: This process's clock when the delivery arrived: the replay cache's notion of time (the
+    #: ledger's own time is the database's, see Store).
+    arrived: float
+    #: Set by a fresh claim or queued insert: the payload is already in the window under
+    #: another webhook-id.
+    drift: bool = False
+    #: Set when a worker runs a queued receipt: it is finished, retried or failed by the
+    #: queue's statements, which keep the sender's stored 202 (receiver/_queue/receipts.py).
+    queued: queue.Queued | None = None
+
+
+@dataclass(slots=True)
+class _Running:
+    """A delivery whose handlers this process is running, as this process's clock sees it."""
+
+    payload_hash: bytes
+    fence: int
+    lease_until: float
+
+
+class Pipeline:
+    """Processes deliveries for one Receiver.
+
+    No database connection is held while handlers run unless they use ``tx``: the claim and the
+    completion each borrow one, and a handler's first statement borrows the one its transaction
+    needs (see :class:`~receiver._store.base.LazyConnection`). Deliveries this process is running
+    are
+    remembered, so a duplicate arriving meanwhile is answered (409, or 422 for another payload)
+    without waiting for a connection or SQLite's write lock.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        registry: Registry,
+        *,
+        clock: Callable[[], float],
+        retry_after: int,
+        metrics: Metrics | None = None,
+        cache: ReplayCache | None = None,
+        encoder: Encoder | None = None,
+    ) -> None:
+        self.store = store
+        self.cache = cache
+        self.encoder = encoder
+        self.registry = registry
+        self.clock = clock
+        self.retry_after = retry_after
+        self.metrics = metrics
+        #: Keys whose handlers this process is running now.
+        self._running: dict[Key, _Running] = {}
+        #: Queued deliveries' micro-batcher (receiver/_queue/ingest.py).
+        self.ingest = Ingest(store)
+        #: Completions of queued receipts, batched where the store batches.
+        self._queue_done = queue.Completions(store)
+        #: Claims, and completions of handlers that never touched tx, shared among concurrent
+        #: deliveries where the store batches (receiver/_ledger/shared.py).
+        self.shared = SharedStatements(store)
+
+    async def deliver(
+        self, provider: Provider, headers: Headers, body: bytes, client: str | None = None
+    ) -> Reply:
+        started = time.perf_counter()
+        now = self.clock()
+        try:
+            verified = provider.verifier.verify(headers, body, now)
+        except VerificationError as exc:
+            reply = Reply(
+                error(exc.status_code, exc.check, str(exc)), Outcome.REJECTED, detail=exc.check
+            )
+            self._report(provider.name, None, None, reply, started, headers)
+            return reply
+        # A completed receipt this process has seen is answered without a round trip, and the
+        # usual redelivery, byte-identical, before its body is even parsed.
+        key = Key(provider.name, verified.webhook_id)
+        hit = None if self.cache is None else self.cache.get(key, now)
+        if hit is not None and hit.body_hash == hashlib.sha256(body).digest():
+            reply = Reply(replay(hit.response, replayed=True), Outcome.REPLAYED)
+            self._report(provider.name, key.webhook_id, hit.event_type, reply, started, headers)
+            return reply
+        job = self._prepare(
+            provider,
+            verified.webhook_id,
+            body,
+            verified.event_type,
+            now,
+            headers=headers,
+            timestamp=verified.timestamp,
+            client=client,
+        )
+        queued = _queued(provider, job)
+        running = None if queued else self._running.get(key)
+        if running is not None and running.lease_until <= now:
+            running = None  # stalled past its lease: the ledger decides, as for any attempt
+        if hit is not None and hit.payload_hash == job.claim.payload_hash:
+            reply = Reply(replay(hit.response, replayed=True), Outcome.REPLAYED)
+        elif hit is not None:
+            reply = self._mismatch(key)
+        elif running is not None:
+            # This process is running it now: the ledger would say the same, only later.
+            if running.payload_hash != job.claim.payload_hash:
+                reply = self._mismatch(key)
+            else:
+                wait = max(1, math.ceil(running.lease_until - now))
+                reply = self._busy(running.fence, wait)
+        else:
+            try:
+                reply = await (self._enqueue(job) if queued else self._claim_and_run(job))
+            except StoreUnavailable as exc:
+                reply = self._unavailable(exc)
+        self._report(provider.name, key.webhook_id, job.parsed.event_type, reply, started, headers)
+        self._check_drift(job)
+        return reply
+
+    def _check_drift(self, job: _Job) -> None:
+        """Key drift of a fresh claim or queued receipt, as the statement that inserted it
+        reported it (both stores, inline and queued)."""
+        if self.metrics is not None and job.drift:
+            self.metrics.drifted(job.claim.key.provider, job.claim.key.webhook_id)
+
+    def refused(self, provider: str, headers: Headers, response: Response, check: str) -> Reply:
+        """Report a delivery refused before verification (too large, unreadable)."""
+        reply = Reply(response, Outcome.REJECTED, detail=check)
+        self._report(provider, None, None, reply, time.perf_counter(), headers)
+        return reply
+
+    def _report(
+        self,
+        provider: str,
+        webhook_id: str | None,
+        event_type: str | None,
+        reply: Reply,
+        started: float,
+        headers: Headers,
+    ) -> None:
+        """One log line, the metrics and the trace attributes of one decision."""
+        annotate(webhook_id, event_type)
+        _log(provider, webhook_id, event_type, reply, started, headers)
+        if self.metrics is not None:
+            self.metrics.delivered(
+                provider, reply.outcome.value, reply.detail, time.perf_counter() - started
+            )
+
+    async def recover(
+        self,
+        provider: Provider,
+        receipt: Receipt,
+        *,
+        reconcile: bool = True,
+        queued: queue.Queued | None = None,
+    ) -> Reply | None:
+        """Run a stored delivery again under the next fence, as a redelivery would: the
+        sweeper's recovery of a stale in-flight receipt (external handlers are reconciled,
+        never re-run blindly), or with ``reconcile=False`` an operator's dead-letter replay of a
+        released, lease-expired or reopened receipt (external handlers run again too: the
+        operator asked). None if another attempt took the receipt over first, or if this
+        process is still running it (its lease ran out, but the attempt is alive)."""
+        running = self._running.get(receipt.key)
+        if running is not None and running.lease_until > self.clock():
+            return None
+        # The body is kept until completion, and the type as claimed (from the body or, for
+        # GitHub-like schemes, from a header), so the job is rebuilt exactly; only the headers
+        # of the original request are not kept.
+        job = self._prepare(
+            provider,
+            receipt.key.webhook_id,
+            receipt.request_body or b"",
+            receipt.event_type,
+            self.clock(),
+        )
+        job.queued = (
+            queued  # a worker's recovery of a queued receipt (receiver/_webhooks/worker.py)
+        )
+        if reconcile and _external(job.handlers):
+            return await self._recover_external(job, receipt)
+        async with self.store.acquire() as conn:
+            fence = await self._reclaim(conn, job, receipt.fence)
+        if fence is None:
+            return None
+        return await self._run(job, fence)
+
+    # -- queued mode (receiver/_queue/, receiver/_webhooks/worker.py) ------------------------
+
+    async def process(
+        self,
+        provider: Provider,
+        webhook_id: str,
+        body: bytes,
+        event_type: str | None,
+        fence: int,
+        queued: queue.Queued,
+    ) -> Reply:
+        """Run a queued receipt that a worker has taken in flight under ``fence``, exactly as
+        an inline delivery: the handlers in one transaction with the fenced completion."""
+        job = self._prepare(provider, webhook_id, body, event_type, self.clock())
+        job.queued = queued
+        return await self._run(job, fence)
+
+    async def _enqueue(self, job: _Job) -> Reply:
+        """Queued mode: record the receipt for the workers (micro-batched) and answer 202; a
+        key already in the ledger is decided like any duplicate."""
+        claim = job.claim
+        recorded = await self.ingest.submit(claim)
+        if recorded.inserted:
+            job.drift = recorded.drift
+            self._remember(job, queue.QUEUED)
+            return Reply(replay(queue.QUEUED, replayed=False), Outcome.QUEUED, 0)
+        async with self.store.acquire() as conn:
+            receipt = await ledger.lookup(conn, claim.key, claim.now)
+            if receipt is None:  # expired and deleted in between: the sender retries
+                return self._busy(None, 1)
+            decision = ledger.decide(receipt, claim.payload_hash)
+            if decision is Decision.RECLAIM and await queue.requeue(conn, claim, receipt.fence):
+                return Reply(replay(queue.QUEUED, replayed=False), Outcome.QUEUED, receipt.fence)
+        if decision is Decision.REPLAY:
+            assert receipt.response is not None
+            if receipt.state is State.COMPLETED:
+                self._remember(job, receipt.response)
+            return Reply(replay(receipt.response, replayed=True), Outcome.REPLAYED)
+        if decision is Decision.MISMATCH:
+            return self._mismatch(claim.key)
+        # In flight under an inline attempt (the mode changed), or taken over meanwhile.
+        return self._in_flight(receipt)
+
+    async def _reclaim(self, conn: Connection, job: _Job, seen_fence: int) -> int | None:
+        if job.queued is not None:
+            return await queue.reclaim(conn, job.claim, seen_fence)
+        return await ledger.reclaim(conn, job.claim, seen_fence)
+
+    async def _finish(
+        self, job: _Job, fence: int, stored: StoredResponse, state: State = State.COMPLETED
+    ) -> None:
+        """:meth:`_complete`, or for a queued receipt the queue's completion (which keeps the
+        stored 202), batched like :meth:`_complete` where the store batches."""
+        if job.queued is None:
+            await self.shared.complete(job.claim.key, fence, stored, state)
+            return
+        await self._queue_done.complete(job.claim.key, fence, state, job.queued.window)
+
+    async def _give_back(self, job: _Job, fence: int, exc: Exception) -> Reply:
+        """After a failure: released for the sender's retry (inline), or scheduled for the
+        workers' next attempt or failed as a dead letter (queued)."""
+        if job.queued is None:
+            return await self._failed(job.claim.key, fence, exc)
+        key, q = job.claim.key, job.queued
+        failed = q.failed + 1
+        dead = q.backoff.is_last(failed)
+        delay = 0.0 if dead else q.backoff.delay(failed)
+        message = describe(exc)  # a driver's text carries payload values: never kept
+        extra = {"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence}
+        if dead:
+            logger.error("ALERT: queued delivery failed its last attempt: dead letter", extra=extra)
+        else:
+            logger.warning("queued delivery failed; retry in %.1f s", delay, extra=extra)
+        async with self.store.acquire() as conn:
+            await queue.retry(
+                conn,
+                key,
+                fence,
+                message,
+                self.store.now(),
+                delay=delay,
+                dead=dead,
+                window=q.window,
+            )
+        outcome = Outcome.DEAD_LETTER if dead else Outcome.HANDLER_FAILED
+        return Reply(error(500, "handler_failed", "the handler failed"), outcome, fence)
+
+    def _prepare(
+        self,
+        provider: Provider,
+        webhook_id: str,
+        body: bytes,
+        event_type: str | None,
+        now: float,
+        *,
+        headers: Headers | None = None,
+        timestamp: int | None = None,
+        client: str | None = None,
+    ) -> _Job:
+        parsed = parse(body, event_type)
+        handlers = () if parsed.problem else self.registry.match(provider.name, parsed.event_type)
+        lease = max((h.lease for h in handlers if h.lease), default=provider.lease)
+        claim = Claim(
+            Key(provider.name, webhook_id),
+            parsed.payload_hash,
+            parsed.event_type or None,
+            body,
+            self.store.now(),
+            lease,
+            provider.window.window,
+        )
+        return _Job(claim, parsed, handlers, headers, timestamp, client, now)
+
+    def _unavailable(self, exc: StoreUnavailable) -> Reply:
+        if isinstance(exc, StoreMisconfigured | StoreReadOnly):
+            # Not a blip that passes by itself: say what to fix, on every delivery it refuses.
+            logger.error("ALERT: delivery refused with 503: %s", exc)
+        response = error(
+            503,
+            "store_unavailable",
+            _UNAVAILABLE.get(exc.kind, _UNAVAILABLE["unavailable"]),
+            {"retry-after": str(self.retry_after)},
+        )
+        return Reply(response, Outcome.STORE_UNAVAILABLE, detail=exc.kind)
+
+    async def _claim_and_run(self, job: _Job) -> Reply:
+        """Claim the key (one connection, one statement in the common case), then run."""
+        claim = job.claim
+        key = claim.key
+        for _ in range(3):
+            got = await self.shared.claim(claim)
+            if isinstance(got, ledger.Claimed):
+                job.drift = got.drift
+                fence: int | None = got.fence
+            else:
+                receipt = got
+                decision = ledger.decide(receipt, claim.payload_hash)
+                if decision is Decision.REPLAY:
+                    assert receipt.response is not None
+                    if receipt.state is State.COMPLETED:
+                        self._remember(job, receipt.response)
+                    return Reply(replay(receipt.response, replayed=True), Outcome.REPLAYED)
+                if decision is Decision.MISMATCH:
+                    return self._mismatch(key)
+                if decision is Decision.IN_FLIGHT:
+                    return self._in_flight(receipt)
+                if decision is Decision.RECOVER and _external(job.handlers):
+                    break
+                async with self.store.acquire() as conn:
+                    fence = await ledger.reclaim(conn, claim, receipt.fence)
+                    if fence is not None and decision is Decision.RECOVER:
+                        logger.warning(
+                            "lease expired; running again under a new fence",
+                            extra={
+                                "provider": key.provider,
+                                "webhook_id": key.webhook_id,
+                                "event_type": claim.event_type,
+                                "fence": fence,
+                            },
+                        )
+            if fence is not None:
+                return await self._run(job, fence)
+            # Another attempt reclaimed it between our lookup and our update: look again.
+        else:
+            return self._busy(None, 1)
+        # Broken out of the loop: an interrupted attempt with external effects (reconciled
+        # without holding a connection).
+        return await self._recover_external(job, receipt)
+
+    def _mismatch(self, key: Key) -> Reply:
+        logger.warning(
+            "ALERT: payload mismatch: same webhook-id, different payload",
+            extra={"provider": key.provider, "webhook_id": key.webhook_id},
+        )
+        response = error(
+            422, "payload_mismatch", "this webhook-id was already received with a different payload"
+        )
+        return Reply(response, Outcome.MISMATCH)
+
+    def _remember(self, job: _Job, response: StoredResponse) -> None:
+        """Keep a completed receipt for replays by this process, until its window ends (as
+        this process's clock counts it: the window starts at the claim, as the delivery
+        arrived)."""
+        if self.cache is not None and job.queued is None:
+            claim = job.claim
+            body_hash = hashlib.sha256(claim.body).digest()
+            expires = job.arrived + claim.window
+            self.cache.put(
+                claim.key, claim.payload_hash, response, expires, body_hash, claim.event_type
+            )
+
+    def _in_flight(self, receipt: Receipt) -> Reply:
+        return self._busy(receipt.fence, max(1, math.ceil(receipt.lease_until - receipt.now)))
+
+    def _busy(self, fence: int | None, wait: int) -> Reply:
+        response = error(
+            409,
+            "in_flight",
+            "this delivery is being processed by another attempt; retry later",
+            {"retry-after": str(min(wait, self.retry_after))},
+        )
+        return Reply(response, Outcome.IN_FLIGHT, fence)
+
+    async def _run(
+        self,
+        job: _Job,
+        fence: int,
+        *,
+        handlers: Sequence[Handler] | None = None,
+        answer: StoredResponse | None = None,
+    ) -> Reply:
+        """Run the handlers and complete the receipt in one transaction, fenced.
+
+        After a reconcile, ``handlers`` are the transactional ones only and ``answer`` (the
+        reconciled result) is stored instead of theirs.
+        """
+        key = job.claim.key
+        if handlers is None:
+            handlers = job.handlers
+        if job.parsed.problem is not None:
+            final = stored_error(400, "invalid_payload", job.parsed.problem)
+            await self._finish(job, fence, final, State.FAILED)
+            return Reply(replay(final, replayed=False), Outcome.INVALID, fence)
+        if not handlers and answer is None:
+            await self._finish(job, fence, IGNORED)
+            self._remember(job, IGNORED)
+            return Reply(replay(IGNORED, replayed=False), Outcome.IGNORED, fence)
+        running = _Running(job.claim.payload_hash, fence, self.clock() + job.claim.lease)
+        self._running[key] = running
+        try:
+            return await self._execute(job, fence, handlers, answer, running)
+        finally:
+            if self._running.get(key) is running:
+                del self._running[key]
+
+    async def _execute(
+        self,
+        job: _Job,
+        fence: int,
+        handlers: Sequence[Handler],
+        answer: StoredResponse | None,
+        running: _Running,
+    ) -> Reply:
+        key = job.claim.key
+        finished = False
+        failure: Exception | None = None
+        deferred: StoredResponse | None = None  # a completion left to the batcher
+        async with self.store.lazy() as tx:
+            event = _event(job, fence, self._extender(tx, key, fence, running))
+            try:
+                # Begun by the handlers' first statement: handlers that never use tx borrow no
+                # connection and cost no BEGIN/COMMIT, and the completion below is then one
+                # autocommitted statement.
+                async with tx.deferred_transaction():
+                    result = await self._call(handlers, event, tx)
+                    finished = True
+                    stored = _final(answer or encode(result, self.encoder), key)
+                    if tx.in_transaction and job.queued is not None:
+                        await queue.complete(
+                            tx, key, fence, State.COMPLETED, self.store.now(), job.queued.window
+                        )
+                    elif tx.in_transaction:
+                        # The handlers wrote: their writes and the fenced completion commit
+                        # together, or not at all.
+                        await ledger.complete(tx, key, fence, stored, self.store.now())
+                    else:
+                        deferred = stored
+            except LeaseLost as exc:
+                failure = exc
+            except StoreUnavailable as exc:
+                if finished:
+                    # The completion itself (or its COMMIT) failed: the database's own failure.
+                    # The claim stays in flight; its lease runs out and a redelivery recovers it.
+                    raise
+                # A statement the handlers sent failed to reach the store: their failure; if
+                # the store is truly gone, the release below fails too (503).
+                failure = exc
+            except Exception as exc:
+                # A handler's own exception, whatever its type (a downstream timeout, a refused
+                # connection, a driver error of its own making): a handler failure, never 503.
+                failure = exc
+        if failure is None and deferred is not None:
+            # The handlers never touched tx: their completion is one statement of its own,
+            # shared with other deliveries' where the store batches.
+            try:
+                await self._finish(job, fence, deferred)
+            except LeaseLost as exc:
+                failure = exc
+        if isinstance(failure, LeaseLost):
+            if finished:
+                await self._ran_twice(key, fence, handlers)
+            logger.warning(
+                "lease lost: a newer attempt owns this delivery; rolled back",
+                extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
+            )
+            response = error(
+                409, "in_flight", "a newer attempt owns this delivery", {"retry-after": "1"}
+            )
+            return Reply(response, Outcome.LEASE_LOST, fence)
+        if isinstance(failure, NotStorable) and finished and _external(handlers):
+            # The external effect happened; releasing would let the retry run it again.
+            logger.error(
+                "ALERT: a handler with external effects returned a %s, which cannot be stored as "
+                "JSON (pass encoder= to the Receiver to store such results)",
+                failure.type_name,
+                extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
+            )
+            reason = (
+                f"a handler with external effects acted, then returned a {failure.type_name}, "
+                "which cannot be stored; check the outside system, then `receiver replay`"
+            )
+            return await self._mark_for_review(job, fence, reason)
+        if failure is not None:
+            return await self._give_back(job, fence, failure)
+        self._remember(job, stored)
+        outcome = Outcome.EXECUTED if answer is None else Outcome.RECONCILED
+        return Reply(replay(stored, replayed=False), outcome, fence)
+
+    async def _call(self, handlers: Sequence[Handler], event: Event, conn: Connection) -> Any:
+        """Run the handlers in order; the last non-None result is the answer."""
+        began = time.perf_counter()
+        try:
+            result: Any = None
+            for handler in handlers:
+                with handler_span(handler, event):
+                    returned = await handler.func(event, conn)
+                if returned is not None:
+                    result = returned
+            return result
+        finally:
+            if self.metrics is not None:
+                self.metrics.handler_time(event.provider, time.perf_counter() - began)
+
+    async def _ran_twice(self, key: Key, fence: int, handlers: Sequence[Handler]) -> None:
+        """The handlers ran to the end, then the fenced completion was refused. If another
+        attempt has completed the key, its handlers ran to the end twice: a double execution.
+        The fence rolled back this attempt's writes through ``tx``; nothing else it did."""
+        try:
+            async with self.store.acquire() as conn:
+                receipt = await ledger.lookup(conn, key, self.store.now())
+        except StoreUnavailable:
+            return
+        if receipt is None or receipt.state is not State.COMPLETED:
+            return
+        evidence = "external" if _external(handlers) else "fenced"
+        logger.error(
+            "ALERT: double execution: the handlers ran to the end twice for one key "
+            "(%s: this attempt was fenced out after another completed it)",
+            evidence,
+            extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
+        )
+        if self.metrics is not None:
+            self.metrics.double_execution(key.provider, evidence)
+
+    async def _failed(self, key: Key, fence: int, exc: Exception) -> Reply:
+        """The handlers raised or answered 5xx: their transaction rolled back; release the key
+        (on a connection of its own: the handlers' may be broken) so that the sender's retry
+        runs them again, and keep the error. Only if the release cannot reach the store is the
+        answer 503."""
+        # A driver's text carries payload values: described without them, and logged with the
+        # stack only (issue 14 item 12).
+        message = describe(exc)
+        where = {"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence}
+        if is_driver_error(exc):
+            logger.error("handler failed; claim released: %s\n%s", message, stack(exc), extra=where)
+        else:
+            logger.error(
+                "handler failed; claim released",
+                extra=where,
+                # The exception itself: this runs after its except block has ended.
+                exc_info=None if isinstance(exc, HandlerAnswered) else exc,
+            )
+        async with self.store.acquire() as conn:
+            await ledger.release(conn, key, fence, message, self.store.now())
+        if isinstance(exc, StoreMisconfigured | StoreReadOnly):
+            # The handlers' own statement met the store's misconfiguration (a pooler not
+            # declared, a standby): released like any failure, answered as the store's, 503.
+            return self._unavailable(exc)
+        if isinstance(exc, HandlerAnswered) and exc.response.status == 429:
+            return Reply(replay(exc.response, replayed=False), Outcome.HANDLER_FAILED, fence)
+        response = error(500, "handler_failed", "the handler failed; retry later")
+        return Reply(response, Outcome.HANDLER_FAILED, fence)
+
+    async def _recover_external(self, job: _Job, receipt: Receipt) -> Reply:
+        """An attempt with external effects died or stalled. Never re-run it blindly: each
+        external handler's reconcile() asks the outside world what happened."""
+        key = job.claim.key
+        async with self.store.acquire() as conn:
+            fence = await self._reclaim(conn, job, receipt.fence)
+        if fence is None:
+            return self._in_flight(receipt)
+        externals = [h for h in job.handlers if h.effects == "external"]
+        if any(h.reconcile is None for h in externals):
+            reason = (
+                "an attempt of an external handler without reconcile() was interrupted: it may "
+                "or may not have acted; check the outside system, then `receiver replay`"
+            )
+            return await self._mark_for_review(job, fence, reason)
+        async with self.store.lazy() as conn:
+            event = _event(job, fence, self._extender(conn, key, fence))
+            try:
+                results = [await h.reconcile(event) for h in externals if h.reconcile is not None]
+            except Exception as exc:
+                failure: Exception | None = exc
+            else:
+                failure = None
+        if failure is not None:
+            return await self._reconcile_failed(job, fence, failure)
+        if any(isinstance(r, RunAgain) for r in results):
+            return await self._run(job, fence)
+        # The external effects happened; the transactional handlers' writes died with the
+        # interrupted transaction, so they run again, and the reconciled answer is stored.
+        answer = next((r for r in reversed(results) if r is not None), None)
+        try:
+            reconciled = encode(answer, self.encoder)
+        except NotStorable as exc:
+            reason = (
+                f"reconcile() returned a {exc.type_name}, which cannot be stored; check the "
+                "outside system, then `receiver replay`"
+            )
+            return await self._mark_for_review(job, fence, reason)
+        transactional = [h for h in job.handlers if h.effects == "transactional"]
+        return await self._run(job, fence, handlers=transactional, answer=reconciled)
+
+    async def _mark_for_review(self, job: _Job, fence: int, reason: str) -> Reply:
+        """Store a final answer that needs a person (an external effect may have happened and
+        nothing can say): every redelivery replays it; nothing runs again."""
+        key = job.claim.key
+        if job.queued is None:
+            async with self.store.acquire() as conn:
+                await needs_review(
+                    conn, key, fence, _NEEDS_REVIEW, reason, self.store.now(), self.metrics
+                )
+        else:
+            # A queued receipt keeps its stored 202: the queue's completion, then the alert.
+            await self._finish(job, fence, _NEEDS_REVIEW, State.FAILED)
+            logger.error(
+                "ALERT: receipt needs review: %s",
+                reason,
+                extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
+            )
+            if self.metrics is not None:
+                self.metrics.needs_review(key.provider)
+        return Reply(replay(_NEEDS_REVIEW, replayed=False), Outcome.NEEDS_REVIEW, fence)
+
+    async def _reconcile_failed(self, job: _Job, fence: int, exc: Exception) -> Reply:
+        """reconcile() itself failed: what happened outside is still unknown. The claim must
+        not be released (a release lets the retry call the external handler again): it stays in
+        flight with its lease ended, so that the next attempt, or the sweeper, reconciles again.
+        """
+        key = job.claim.key
+        message = f"reconcile: {describe(exc)}"
+        logger.error(
+            "reconcile failed; the delivery stays unresolved until it is reconciled (%s)",
+            type(exc).__name__,
+            extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
+        )
+        async with self.store.acquire() as conn:
+            await ledger.unresolved(conn, key, fence, message, self.store.now())
+        response = error(500, "handler_failed", "reconciling the delivery failed; retry later")
+        return Reply(response, Outcome.HANDLER_FAILED, fence)
+
+    def _extender(
+        self, tx: Connection, key: Key, fence: int, running: _Running | None = None
+    ) -> Callable[[float], Any]:
+        async def extend(seconds: float) -> None:
+            if running is not None:
+                running.lease_until = self.clock() + seconds
+            if self.store.dialect == "sqlite" and tx.in_transaction:
+                # The handler's transaction holds SQLite's only write lock, so no other attempt
+                # can take the key over before it ends anyway; extend within it.
+                await ledger.extend_lease(tx, key, fence, self.store.now(), seconds)
+                return
+            # Outside the handlers' transaction: an update inside it would stay invisible to
+            # other attempts until it committed, which is too late to help. The store lends a
+            # connection that does not come from the (possibly exhausted) pool.
+            async with self.store.acquire_aside() as other:
+                await ledger.extend_lease(other, key, fence, self.store.now(), seconds)
+
+        return extend
+
+
+def _log(
+    provider: str,
+    webhook_id: str | None,
+    event_type: str | None,
+    reply: Reply,
+    started: float,
+    headers: Headers,
+) -> None:
+    """One structured line per decision. Never the body, a secret or a signature."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    logger.info(
+        "delivery %s",
+        reply.outcome.value,
+        extra={
+            "provider": provider,
+            "webhook_id": webhook_id,
+            "event_type": event_type or None,
+            "outcome": reply.outcome.value,
+            "status": reply.response.status_code,
+            "fence": reply.fence,
+            "check": reply.detail if reply.outcome is Outcome.REJECTED else None,
+            "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+            "request_id": headers.get("x-kong-request-id") or headers.get("x-request-id"),
+        },
+    )
+
+
+def _queued(provider: Provider, job: _Job) -> bool:
+    """Queued mode: chosen by the provider, or by any handler of the event (they run in one
+    transaction). A body that does not parse is answered 400 at once, as inline."""
+    if job.parsed.problem is not None:
+        return False
+    return provider.mode == "queued" or any(h.mode == "queued" for h in job.handlers)
+
+
+def _external(handlers: Sequence[Handler]) -> bool:
+    return any(h.effects == "external" for h in handlers)
+
+
+def _datetime(timestamp: int | None) -> dt.datetime | None:
+    if timestamp is None:
+        return None
+    try:
+        return dt.datetime.fromtimestamp(timestamp, dt.UTC)
+    except (OverflowError, OSError, ValueError):  # past year 9999: verified, but unrepresentable
+        return None
+
+
+def _event(job: _Job, fence: int, extend: Callable[[float], Any]) -> Event:
+    """The handlers' view of the delivery, under the attempt's fence."""
+    claim = job.claim
+    return Event(
+        provider=claim.key.provider,
+        id=claim.key.webhook_id,
+        type=job.parsed.event_type,
+        payload=job.parsed.payload,
+        body=claim.body,
+        headers=job.headers if job.headers is not None else Headers(),
+        timestamp=_datetime(job.timestamp),
+        fence=fence,
+        client=job.client,
+        _extend=extend,
+    )
+
+
+def _final(stored: StoredResponse, key: Key) -> StoredResponse:
+    """Apply the rules for what a handler may answer."""
+    if stored.status >= 500 or stored.status == 429:
+        raise HandlerAnswered(stored)
+    if stored.status == 410:
+        # Standard Webhooks senders disable the endpoint on 410: never send it.
+        logger.warning(
+            "handler answered 410; sent as 400 so the sender does not disable the endpoint",
+            extra={"provider": key.provider, "webhook_id": key.webhook_id},
+        )
+        return StoredResponse(400, stored.content_type, stored.body, stored.headers)
+    return stored
