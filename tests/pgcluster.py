@@ -88,18 +88,18 @@ class Cluster:
     def url(self) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
-    def _run(self, *args: str) -> None:
+    def run(self, *args: str) -> None:
         cmd = [str(self.bindir / args[0]), *args[1:]]
         if self.user:
             cmd = ["runuser", "-u", self.user, "--", *cmd]
         subprocess.run(cmd, check=True, capture_output=True, timeout=120)
 
     def init(self) -> None:
-        self._run("initdb", "-D", str(self.datadir), "-U", "postgres", "--auth=trust", "-E", "UTF8")
+        self.run("initdb", "-D", str(self.datadir), "-U", "postgres", "--auth=trust", "-E", "UTF8")
 
     def start(self) -> None:
         opts = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} -c fsync=off"
-        self._run(
+        self.run(
             "pg_ctl",
             "-D",
             str(self.datadir),
@@ -112,7 +112,7 @@ class Cluster:
         )
 
     def stop(self, mode: str = "fast") -> None:
-        self._run("pg_ctl", "-D", str(self.datadir), "-m", mode, "-w", "stop")
+        self.run("pg_ctl", "-D", str(self.datadir), "-m", mode, "-w", "stop")
 
     def destroy(self) -> None:
         with contextlib.suppress(subprocess.CalledProcessError):

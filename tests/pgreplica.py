@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
-from pathlib import Path
 
 import asyncpg
 
@@ -51,7 +50,7 @@ class Replicated:
         source = (
             f"host=127.0.0.1 port={self.primary.port} user=postgres application_name={STANDBY_NAME}"
         )
-        self.primary._run(  # as the postgres user, which owns the standby's directory too
+        self.primary.run(  # as the postgres user, which owns the standby's directory too
             "pg_basebackup", "-d", source, "-D", str(self.standby.datadir), "-R", "-X", "stream"
         )
         # Once promoted, the standby is a primary with no standby of its own: it must not wait
@@ -95,7 +94,7 @@ class Replicated:
         self.primary.stop("immediate")
 
     def promote(self) -> None:
-        self.standby._run("pg_ctl", "-D", str(self.standby.datadir), "-w", "promote")
+        self.standby.run("pg_ctl", "-D", str(self.standby.datadir), "-w", "promote")
         self.promoted = True
 
     def fail_over(self) -> None:
@@ -115,8 +114,3 @@ def replicated(*, synchronous: bool) -> Replicated:
         pair.destroy()
         raise
     return pair
-
-
-def log_of(cluster: pgcluster.Cluster) -> str:
-    path: Path = cluster.root / "log"
-    return path.read_text() if path.exists() else ""

@@ -42,7 +42,7 @@ from .._ledger import keyed
 from .._ledger.cache import ReplayCache
 from .._ledger.keyed import KeyState
 from .._ledger.receipts import Claim, Claimed, Decision, Key, Receipt, State, StoredResponse, decide
-from .._ledger.responses import replay
+from .._ledger.responses import NOT_STORED, replay
 from .._ops.durations import Durations
 from .._ops.redact import describe
 from .._ops.sweeper import KeySweeper, SweepReport
@@ -56,20 +56,8 @@ Principal = Callable[[Scope], str | Awaitable[str]]
 
 _SCOPE_KEY = "receiver.idempotency"
 _PROBLEM = "application/problem+json"
-# Headers that describe one transfer (or a session), not the answer: never stored or replayed.
-_NOT_STORED = frozenset(
-    {
-        b"content-type",  # stored on its own
-        b"content-length",
-        b"transfer-encoding",
-        b"connection",
-        b"keep-alive",
-        b"date",
-        b"server",
-        b"set-cookie",
-        b"idempotent-replayed",
-    }
-)
+# What the ledger never stores of an answer, and Set-Cookie: a session, not the answer.
+_NOT_STORED = NOT_STORED | {b"set-cookie"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,7 +50,7 @@ def encode(result: Any, encoder: Encoder | None = None) -> StoredResponse:
         kept = tuple(
             (name.decode("latin-1"), value.decode("latin-1"))
             for name, value in result.raw_headers
-            if name.lower() not in _NOT_STORED
+            if name.lower() not in NOT_STORED
         )
         return StoredResponse(result.status_code, content_type, bytes(result.body), kept)
     return StoredResponse(200, JSON, dumps(result, encoder))
@@ -58,7 +58,7 @@ def encode(result: Any, encoder: Encoder | None = None) -> StoredResponse:
 
 # Headers that describe one transfer or that the receiver sets itself, never the answer:
 # everything else a handler sets (Retry-After, Location, its own) is stored and replayed.
-_NOT_STORED = frozenset(
+NOT_STORED = frozenset(
     {
         b"content-type",  # stored on its own
         b"content-length",
