@@ -1,6 +1,7 @@
 """receiver: receive webhooks so that each event takes effect exactly once."""
 
-from ._actions.executor import Action, ActionResult, Actions, Tool, ToolCall, action_key
+from ._actions.action import Action, ActionResult, Tool, ToolCall, action_key
+from ._actions.executor import Actions
 from ._actions.metrics import ActionMetrics
 from ._config.loader import load_config
 from ._config.model import Config, ProviderConfig
@@ -54,7 +55,7 @@ from ._verification.verifier import (
 from ._webhooks.app import Receiver
 from ._webhooks.events import Event
 from ._webhooks.handlers import Handler
-from ._webhooks.pipeline import Outcome, Reply
+from ._webhooks.outcomes import Outcome, Reply
 from ._webhooks.providers import Provider
 from ._webhooks.replay import ReplayRefused
 from ._webhooks.schedules import DedupWindow, RetrySchedule, dedup_window, exponential

@@ -17,15 +17,13 @@ the attempt), reconciled if it is external, and marked for review if nothing can
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import inspect
 import logging
 import re
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal, NoReturn, Protocol, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import orjson
 from prometheus_client import CollectorRegistry
@@ -49,14 +47,25 @@ from .._ops.metrics import Metrics
 from .._ops.redact import describe
 from .._ops.review import record_review
 from .._ops.sweeper import KeySweeper, Recoverer, SweepReport
-from .._store.base import Connection, Store
+from .._store.base import Store
+from .action import (
+    Action,
+    ActionResult,
+    Effects,
+    ReconcileFunc,
+    Tool,
+    ToolCall,
+    ToolFunc,
+    action_key,
+    downstream_key,
+    fingerprint,
+    request_body,
+    tool_of,
+)
 from .metrics import ActionMetrics
 
 logger = logging.getLogger("receiver.actions")
 
-Effects = Literal["transactional", "external"]
-ToolFunc = Callable[["ToolCall", Connection], Awaitable[Any]]
-ReconcileFunc = Callable[["ToolCall"], Awaitable[Any]]
 F = TypeVar("F", bound=ToolFunc)
 
 _TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
@@ -74,100 +83,6 @@ class Receiver(Protocol):
     def metrics(self) -> Metrics | None: ...
     @property
     def recoverers(self) -> dict[str, Recoverer]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Tool:
-    """A registered tool. ``effects="transactional"`` promises it acts only through ``tx``;
-    ``"external"`` tools call the outside world and are reconciled, never re-run blindly."""
-
-    name: str
-    func: ToolFunc
-    effects: Effects = "transactional"
-    reconcile: ReconcileFunc | None = None
-    volatile: frozenset[str] = frozenset()
-    lease: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Action:
-    """A proposed action with its stable key, assigned before the first call. Persist it (or
-    its ``scope`` and ``action_id``) with the agent's state and execute it as often as needed."""
-
-    tool: str
-    scope: str
-    action_id: str
-    version: int
-    key: str
-    request: Mapping[str, Any]
-    fingerprint: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    """What a tool is called with."""
-
-    action: Action
-    fence: int
-    #: Pass it to the downstream API's own idempotency key (Stripe's ``Idempotency-Key``):
-    #: stable per action and the same on every attempt, so the downstream dedups a re-run.
-    downstream_key: str
-    turn: str | None = None
-
-    @property
-    def request(self) -> Mapping[str, Any]:
-        return self.action.request
-
-
-@dataclass(frozen=True, slots=True)
-class ActionResult:
-    """The stored result of an action: ``body`` is the bytes stored by the first attempt."""
-
-    key: str
-    body: bytes
-    replayed: bool
-
-    @property
-    def value(self) -> Any:
-        return orjson.loads(self.body)
-
-
-def action_key(scope: str, tool: str, action_id: str, version: int = 1) -> str:
-    """``tenant:action:object:v1``; each part percent-encoded, so no two differ only by where
-    a colon falls."""
-    parts = [urllib.parse.quote(p, safe="") for p in (scope, tool, action_id)]
-    return ":".join([*parts, f"v{version}"])
-
-
-def downstream_key(key: str) -> str:
-    """The key passed downstream: derived from the action key only (not the fence), so every
-    attempt of one action sends the same one, and it reveals nothing of the scope."""
-    return "rcv_" + hashlib.sha256(b"receiver-downstream\x00" + key.encode()).hexdigest()[:40]
-
-
-def fingerprint(request: Mapping[str, Any], volatile: Iterable[str] = ()) -> bytes:
-    """sha256 of the normalized request: sorted keys, trimmed strings, volatile fields (names,
-    or dotted paths such as ``"meta.generated_at"``) dropped."""
-    dropped = [tuple(v.split(".")) for v in volatile]
-    try:
-        text = orjson.dumps(_normalize(request, dropped, ()), option=orjson.OPT_SORT_KEYS)
-    except TypeError as exc:
-        raise ActionError(f"the action's request is not JSON: {exc}") from exc
-    return hashlib.sha256(text).digest()
-
-
-def _normalize(value: Any, dropped: list[tuple[str, ...]], path: tuple[str, ...]) -> Any:
-    if isinstance(value, str):
-        return value.strip()
-    if isinstance(value, Mapping):
-        return {
-            str(k): _normalize(v, dropped, (*path, str(k)))
-            for k, v in value.items()
-            if (*path, str(k)) not in dropped
-        }
-    if isinstance(value, list | tuple):
-        return [_normalize(v, dropped, path) for v in value]
-    return value
 
 
 class Actions:
@@ -253,7 +168,7 @@ class Actions:
         on it: state, fence, failed attempts with their redacted errors, the stored result,
         and whether it needs review. Unlike :meth:`execute`, it never claims or recovers."""
         key = action.key if isinstance(action, Action) else action
-        tool = action.tool if isinstance(action, Action) else _tool_of(key)
+        tool = action.tool if isinstance(action, Action) else tool_of(key)
         return await keyed.inspect(self.store, Key(f"{keyed.ACTION}:{tool}", key))
 
     # -- the sweeper ---------------------------------------------------------------------------
@@ -371,7 +286,7 @@ class Actions:
         tool = self._tool(action.tool)
         if turn is not None and self.metrics is not None:
             self.metrics.turn(tool.name, turn, action.key)
-        claim = self._claim(tool, action, _body(action.request))
+        claim = self._claim(tool, action, request_body(action.request))
         hit = None if self._cache is None else self._cache.get(claim.key, time.time())
         if hit is not None:
             if hit.payload_hash != action.fingerprint:
@@ -598,7 +513,7 @@ class Actions:
     ) -> ActionResult:
         """An attempt of an external tool died or stalled: never re-run it blindly."""
         key = Key(f"{keyed.ACTION}:{tool.name}", action.key)
-        claim = self._claim(tool, action, receipt.request_body or _body(action.request))
+        claim = self._claim(tool, action, receipt.request_body or request_body(action.request))
         fence = await keyed.reclaim(self.store, claim, receipt.fence)
         if fence is None:
             raise ActionInProgress(f"action {action.key!r} is being recovered by another attempt")
@@ -675,19 +590,3 @@ class Actions:
 
     def __repr__(self) -> str:
         return f"Actions(store={self.store.url!r}, tools={sorted(self._tools)!r})"
-
-
-def _tool_of(key: str) -> str:
-    """The tool's name in an action key (``scope:tool:object:v1``, each part percent-encoded)."""
-    parts = key.split(":")
-    if len(parts) != 4 or not parts[3].startswith("v"):
-        raise ActionError(f"{key!r} is not an action key (scope:tool:object:vN)")
-    return urllib.parse.unquote(parts[1])
-
-
-def _body(request: Mapping[str, Any]) -> bytes:
-    """The request as kept in the ledger until completion, for the sweeper's recovery."""
-    try:
-        return orjson.dumps(request)
-    except TypeError as exc:
-        raise ActionError(f"the action's request is not JSON: {exc}") from exc

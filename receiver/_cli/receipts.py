@@ -14,7 +14,7 @@ from .._ledger import keyed
 from .._ledger import receipts as ledger
 from .._ledger.receipts import Key, Receipt
 from .._store.base import Row
-from .._webhooks.pipeline import Outcome, Reply
+from .._webhooks.outcomes import Outcome, Reply
 from .._webhooks.replay import ReplayRefused, failed_keys, replay_all
 from .loading import (
     config_receiver,

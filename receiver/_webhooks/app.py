@@ -32,7 +32,8 @@ from .._store.url import store_from_url
 from .events import Event
 from .forwarded import TrustedProxies
 from .handlers import Effects, Handler, HandlerFunc, Mode, ReconcileFunc, Registry
-from .pipeline import Pipeline, Reply
+from .outcomes import Reply
+from .pipeline import Pipeline
 from .providers import Provider
 from .replay import replay
 from .sweeper import sweep

@@ -2,20 +2,22 @@
 
 This module is the whole behaviour of README.md "What the sender gets". The order is the
 guarantee: nothing touches the store before verification passes (I5), and no handler runs
-without a claim of its key (I1). Every delivery ends in one :class:`Reply`: the response and
-the :class:`Outcome` that metrics and logs report.
+without a claim of its key (I1). Every delivery ends in one :class:`~.outcomes.Reply`: the
+response and the :class:`~.outcomes.Outcome` that metrics and logs report.
+
+The :class:`Pipeline` reads in the order a delivery meets it: the inline path (``deliver``),
+the recovery of a stored delivery (``recover``), the queued mode's two halves (``process`` and
+``_enqueue``), then the steps they share (claim, run, complete or give back) and the external
+handlers' reconcile path. What a delivery is between steps is :mod:`.jobs`; how it ends is
+:mod:`.outcomes`.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import enum
 import hashlib
-import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.datastructures import Headers
@@ -41,101 +43,23 @@ from .._ops.review import needs_review
 from .._queue import receipts as queue
 from .._queue.ingest import Ingest
 from .._store.base import Connection, Store
-from .._verification.payload import Parsed, parse
+from .._verification.payload import parse
 from .events import Event
 from .handlers import Handler, Registry
+from .jobs import Job, Running, event_for, has_external, queued_mode
+from .outcomes import (
+    NEEDS_REVIEW,
+    UNAVAILABLE,
+    HandlerAnswered,
+    Outcome,
+    Reply,
+    final_answer,
+    log_reply,
+)
 from .providers import Provider
 from .tracing import annotate, handler_span
 
 logger = get_logger("receiver")
-
-
-class Outcome(enum.StrEnum):
-    """How a delivery ended; one label value of the deliveries metric."""
-
-    EXECUTED = "executed"
-    REPLAYED = "replayed"
-    IGNORED = "ignored"
-    IN_FLIGHT = "in_flight_conflict"
-    MISMATCH = "payload_mismatch"
-    REJECTED = "rejected"
-    INVALID = "invalid_payload"
-    HANDLER_FAILED = "handler_failed"
-    LEASE_LOST = "lease_lost"
-    RECONCILED = "reconciled"
-    NEEDS_REVIEW = "needs_review"
-    STORE_UNAVAILABLE = "store_unavailable"
-    QUEUED = "queued"  # recorded for the workers and answered 202 (queued mode)
-    DEAD_LETTER = "dead_letter"  # a queued receipt's last attempt failed (workers only)
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """How one delivery (or replay) was answered: the response and its :class:`Outcome`."""
-
-    response: Response
-    outcome: Outcome
-    fence: int | None = None
-    detail: str | None = None  # the failed check of a rejection
-
-
-_NEEDS_REVIEW = StoredResponse(
-    202,
-    "application/json",
-    b'{"status":"needs_review","detail":"an attempt with external effects was interrupted '
-    b'and cannot be safely re-run; an operator was alerted"}',
-)
-
-
-# What a sender is told when the store fails (the fix is for the operator's logs, not for it).
-_UNAVAILABLE = {
-    "unavailable": "the receipt store is unavailable; retry later",
-    "read_only": "the receipt store is read-only (failing over?); retry later",
-    "misconfigured": "the receipt store is misconfigured; retry later",
-}
-
-
-class HandlerAnswered(Exception):
-    """A handler answered 5xx (or 429): roll back and release, never store it as the truth.
-    Its name and message are what ``receiver failed`` shows as the attempt's error."""
-
-    def __init__(self, response: StoredResponse) -> None:
-        super().__init__(
-            f"HTTP {response.status}, not stored: the claim was released for the sender's retry"
-        )
-        self.response = response
-
-
-@dataclass(slots=True)
-class _Job:
-    """Everything about one delivery that the steps after verification need."""
-
-    claim: Claim
-    parsed: Parsed
-    handlers: Sequence[Handler]
-    #: What the handlers' Event carries besides the claim and the payload (the Event itself is
-    #: built once the fence is known, by :func:`_event`).
-    headers: Headers | None
-    timestamp: int | None
-    client: str | None
-    #: This process's clock when the delivery arrived: the replay cache's notion of time (the
-    #: ledger's own time is the database's, see Store).
-    arrived: float
-    #: Set by a fresh claim or queued insert: the payload is already in the window under
-    #: another webhook-id.
-    drift: bool = False
-    #: Set when a worker runs a queued receipt: it is finished, retried or failed by the
-    #: queue's statements, which keep the sender's stored 202 (receiver/_queue/receipts.py).
-    queued: queue.Queued | None = None
-
-
-@dataclass(slots=True)
-class _Running:
-    """A delivery whose handlers this process is running, as this process's clock sees it."""
-
-    payload_hash: bytes
-    fence: int
-    lease_until: float
 
 
 class Pipeline:
@@ -168,7 +92,7 @@ class Pipeline:
         self.retry_after = retry_after
         self.metrics = metrics
         #: Keys whose handlers this process is running now.
-        self._running: dict[Key, _Running] = {}
+        self._running: dict[Key, Running] = {}
         #: Queued deliveries' micro-batcher (receiver/_queue/ingest.py).
         self.ingest = Ingest(store)
         #: Completions of queued receipts, batched where the store batches.
@@ -208,7 +132,7 @@ class Pipeline:
             timestamp=verified.timestamp,
             client=client,
         )
-        queued = _queued(provider, job)
+        queued = queued_mode(provider, job)
         running = None if queued else self._running.get(key)
         if running is not None and running.lease_until <= now:
             running = None  # stalled past its lease: the ledger decides, as for any attempt
@@ -232,7 +156,7 @@ class Pipeline:
         self._check_drift(job)
         return reply
 
-    def _check_drift(self, job: _Job) -> None:
+    def _check_drift(self, job: Job) -> None:
         """Key drift of a fresh claim or queued receipt, as the statement that inserted it
         reported it (both stores, inline and queued)."""
         if self.metrics is not None and job.drift:
@@ -255,7 +179,7 @@ class Pipeline:
     ) -> None:
         """One log line, the metrics and the trace attributes of one decision."""
         annotate(webhook_id, event_type)
-        _log(provider, webhook_id, event_type, reply, started, headers)
+        log_reply(provider, webhook_id, event_type, reply, started, headers)
         if self.metrics is not None:
             self.metrics.delivered(
                 provider, reply.outcome.value, reply.detail, time.perf_counter() - started
@@ -291,8 +215,8 @@ class Pipeline:
         job.queued = (
             queued  # a worker's recovery of a queued receipt (receiver/_webhooks/worker.py)
         )
-        if reconcile and _external(job.handlers):
-            return await self._recover_external(job, receipt)
+        if reconcile and has_external(job.handlers):
+            return await self._recoverhas_external(job, receipt)
         async with self.store.acquire() as conn:
             fence = await self._reclaim(conn, job, receipt.fence)
         if fence is None:
@@ -316,7 +240,7 @@ class Pipeline:
         job.queued = queued
         return await self._run(job, fence)
 
-    async def _enqueue(self, job: _Job) -> Reply:
+    async def _enqueue(self, job: Job) -> Reply:
         """Queued mode: record the receipt for the workers (micro-batched) and answer 202; a
         key already in the ledger is decided like any duplicate."""
         claim = job.claim
@@ -342,13 +266,13 @@ class Pipeline:
         # In flight under an inline attempt (the mode changed), or taken over meanwhile.
         return self._in_flight(receipt)
 
-    async def _reclaim(self, conn: Connection, job: _Job, seen_fence: int) -> int | None:
+    async def _reclaim(self, conn: Connection, job: Job, seen_fence: int) -> int | None:
         if job.queued is not None:
             return await queue.reclaim(conn, job.claim, seen_fence)
         return await ledger.reclaim(conn, job.claim, seen_fence)
 
     async def _finish(
-        self, job: _Job, fence: int, stored: StoredResponse, state: State = State.COMPLETED
+        self, job: Job, fence: int, stored: StoredResponse, state: State = State.COMPLETED
     ) -> None:
         """:meth:`_complete`, or for a queued receipt the queue's completion (which keeps the
         stored 202), batched like :meth:`_complete` where the store batches."""
@@ -357,7 +281,7 @@ class Pipeline:
             return
         await self._queue_done.complete(job.claim.key, fence, state, job.queued.window)
 
-    async def _give_back(self, job: _Job, fence: int, exc: Exception) -> Reply:
+    async def _give_back(self, job: Job, fence: int, exc: Exception) -> Reply:
         """After a failure: released for the sender's retry (inline), or scheduled for the
         workers' next attempt or failed as a dead letter (queued)."""
         if job.queued is None:
@@ -397,7 +321,7 @@ class Pipeline:
         headers: Headers | None = None,
         timestamp: int | None = None,
         client: str | None = None,
-    ) -> _Job:
+    ) -> Job:
         parsed = parse(body, event_type)
         handlers = () if parsed.problem else self.registry.match(provider.name, parsed.event_type)
         lease = max((h.lease for h in handlers if h.lease), default=provider.lease)
@@ -410,7 +334,7 @@ class Pipeline:
             lease,
             provider.window.window,
         )
-        return _Job(claim, parsed, handlers, headers, timestamp, client, now)
+        return Job(claim, parsed, handlers, headers, timestamp, client, now)
 
     def _unavailable(self, exc: StoreUnavailable) -> Reply:
         if isinstance(exc, StoreMisconfigured | StoreReadOnly):
@@ -419,12 +343,12 @@ class Pipeline:
         response = error(
             503,
             "store_unavailable",
-            _UNAVAILABLE.get(exc.kind, _UNAVAILABLE["unavailable"]),
+            UNAVAILABLE.get(exc.kind, UNAVAILABLE["unavailable"]),
             {"retry-after": str(self.retry_after)},
         )
-        return Reply(response, Outcome.STORE_UNAVAILABLE, detail=exc.kind)
+        return Reply(response, Outcome.STOREUNAVAILABLE, detail=exc.kind)
 
-    async def _claim_and_run(self, job: _Job) -> Reply:
+    async def _claim_and_run(self, job: Job) -> Reply:
         """Claim the key (one connection, one statement in the common case), then run."""
         claim = job.claim
         key = claim.key
@@ -445,7 +369,7 @@ class Pipeline:
                     return self._mismatch(key)
                 if decision is Decision.IN_FLIGHT:
                     return self._in_flight(receipt)
-                if decision is Decision.RECOVER and _external(job.handlers):
+                if decision is Decision.RECOVER and has_external(job.handlers):
                     break
                 async with self.store.acquire() as conn:
                     fence = await ledger.reclaim(conn, claim, receipt.fence)
@@ -466,7 +390,7 @@ class Pipeline:
             return self._busy(None, 1)
         # Broken out of the loop: an interrupted attempt with external effects (reconciled
         # without holding a connection).
-        return await self._recover_external(job, receipt)
+        return await self._recoverhas_external(job, receipt)
 
     def _mismatch(self, key: Key) -> Reply:
         logger.warning(
@@ -478,7 +402,7 @@ class Pipeline:
         )
         return Reply(response, Outcome.MISMATCH)
 
-    def _remember(self, job: _Job, response: StoredResponse) -> None:
+    def _remember(self, job: Job, response: StoredResponse) -> None:
         """Keep a completed receipt for replays by this process, until its window ends (as
         this process's clock counts it: the window starts at the claim, as the delivery
         arrived)."""
@@ -504,7 +428,7 @@ class Pipeline:
 
     async def _run(
         self,
-        job: _Job,
+        job: Job,
         fence: int,
         *,
         handlers: Sequence[Handler] | None = None,
@@ -526,7 +450,7 @@ class Pipeline:
             await self._finish(job, fence, IGNORED)
             self._remember(job, IGNORED)
             return Reply(replay(IGNORED, replayed=False), Outcome.IGNORED, fence)
-        running = _Running(job.claim.payload_hash, fence, self.clock() + job.claim.lease)
+        running = Running(job.claim.payload_hash, fence, self.clock() + job.claim.lease)
         self._running[key] = running
         try:
             return await self._execute(job, fence, handlers, answer, running)
@@ -536,18 +460,18 @@ class Pipeline:
 
     async def _execute(
         self,
-        job: _Job,
+        job: Job,
         fence: int,
         handlers: Sequence[Handler],
         answer: StoredResponse | None,
-        running: _Running,
+        running: Running,
     ) -> Reply:
         key = job.claim.key
         finished = False
         failure: Exception | None = None
         deferred: StoredResponse | None = None  # a completion left to the batcher
         async with self.store.lazy() as tx:
-            event = _event(job, fence, self._extender(tx, key, fence, running))
+            event = event_for(job, fence, self._extender(tx, key, fence, running))
             try:
                 # Begun by the handlers' first statement: handlers that never use tx borrow no
                 # connection and cost no BEGIN/COMMIT, and the completion below is then one
@@ -555,7 +479,7 @@ class Pipeline:
                 async with tx.deferred_transaction():
                     result = await self._call(handlers, event, tx)
                     finished = True
-                    stored = _final(answer or encode(result, self.encoder), key)
+                    stored = final_answer(answer or encode(result, self.encoder), key)
                     if tx.in_transaction and job.queued is not None:
                         await queue.complete(
                             tx, key, fence, State.COMPLETED, self.store.now(), job.queued.window
@@ -598,7 +522,7 @@ class Pipeline:
                 409, "in_flight", "a newer attempt owns this delivery", {"retry-after": "1"}
             )
             return Reply(response, Outcome.LEASE_LOST, fence)
-        if isinstance(failure, NotStorable) and finished and _external(handlers):
+        if isinstance(failure, NotStorable) and finished and has_external(handlers):
             # The external effect happened; releasing would let the retry run it again.
             logger.error(
                 "ALERT: a handler with external effects returned a %s, which cannot be stored as "
@@ -643,7 +567,7 @@ class Pipeline:
             return
         if receipt is None or receipt.state is not State.COMPLETED:
             return
-        evidence = "external" if _external(handlers) else "fenced"
+        evidence = "external" if has_external(handlers) else "fenced"
         logger.error(
             "ALERT: double execution: the handlers ran to the end twice for one key "
             "(%s: this attempt was fenced out after another completed it)",
@@ -682,7 +606,7 @@ class Pipeline:
         response = error(500, "handler_failed", "the handler failed; retry later")
         return Reply(response, Outcome.HANDLER_FAILED, fence)
 
-    async def _recover_external(self, job: _Job, receipt: Receipt) -> Reply:
+    async def _recoverhas_external(self, job: Job, receipt: Receipt) -> Reply:
         """An attempt with external effects died or stalled. Never re-run it blindly: each
         external handler's reconcile() asks the outside world what happened."""
         key = job.claim.key
@@ -698,7 +622,7 @@ class Pipeline:
             )
             return await self._mark_for_review(job, fence, reason)
         async with self.store.lazy() as conn:
-            event = _event(job, fence, self._extender(conn, key, fence))
+            event = event_for(job, fence, self._extender(conn, key, fence))
             try:
                 results = [await h.reconcile(event) for h in externals if h.reconcile is not None]
             except Exception as exc:
@@ -723,18 +647,18 @@ class Pipeline:
         transactional = [h for h in job.handlers if h.effects == "transactional"]
         return await self._run(job, fence, handlers=transactional, answer=reconciled)
 
-    async def _mark_for_review(self, job: _Job, fence: int, reason: str) -> Reply:
+    async def _mark_for_review(self, job: Job, fence: int, reason: str) -> Reply:
         """Store a final answer that needs a person (an external effect may have happened and
         nothing can say): every redelivery replays it; nothing runs again."""
         key = job.claim.key
         if job.queued is None:
             async with self.store.acquire() as conn:
                 await needs_review(
-                    conn, key, fence, _NEEDS_REVIEW, reason, self.store.now(), self.metrics
+                    conn, key, fence, NEEDS_REVIEW, reason, self.store.now(), self.metrics
                 )
         else:
             # A queued receipt keeps its stored 202: the queue's completion, then the alert.
-            await self._finish(job, fence, _NEEDS_REVIEW, State.FAILED)
+            await self._finish(job, fence, NEEDS_REVIEW, State.FAILED)
             logger.error(
                 "ALERT: receipt needs review: %s",
                 reason,
@@ -742,9 +666,9 @@ class Pipeline:
             )
             if self.metrics is not None:
                 self.metrics.needs_review(key.provider)
-        return Reply(replay(_NEEDS_REVIEW, replayed=False), Outcome.NEEDS_REVIEW, fence)
+        return Reply(replay(NEEDS_REVIEW, replayed=False), Outcome.NEEDS_REVIEW, fence)
 
-    async def _reconcile_failed(self, job: _Job, fence: int, exc: Exception) -> Reply:
+    async def _reconcile_failed(self, job: Job, fence: int, exc: Exception) -> Reply:
         """reconcile() itself failed: what happened outside is still unknown. The claim must
         not be released (a release lets the retry call the external handler again): it stays in
         flight with its lease ended, so that the next attempt, or the sweeper, reconciles again.
@@ -762,7 +686,7 @@ class Pipeline:
         return Reply(response, Outcome.HANDLER_FAILED, fence)
 
     def _extender(
-        self, tx: Connection, key: Key, fence: int, running: _Running | None = None
+        self, tx: Connection, key: Key, fence: int, running: Running | None = None
     ) -> Callable[[float], Any]:
         async def extend(seconds: float) -> None:
             if running is not None:
@@ -779,83 +703,3 @@ class Pipeline:
                 await ledger.extend_lease(other, key, fence, self.store.now(), seconds)
 
         return extend
-
-
-def _log(
-    provider: str,
-    webhook_id: str | None,
-    event_type: str | None,
-    reply: Reply,
-    started: float,
-    headers: Headers,
-) -> None:
-    """One structured line per decision. Never the body, a secret or a signature."""
-    if not logger.isEnabledFor(logging.INFO):
-        return
-    logger.info(
-        "delivery %s",
-        reply.outcome.value,
-        extra={
-            "provider": provider,
-            "webhook_id": webhook_id,
-            "event_type": event_type or None,
-            "outcome": reply.outcome.value,
-            "status": reply.response.status_code,
-            "fence": reply.fence,
-            "check": reply.detail if reply.outcome is Outcome.REJECTED else None,
-            "duration_ms": round((time.perf_counter() - started) * 1000, 3),
-            "request_id": headers.get("x-kong-request-id") or headers.get("x-request-id"),
-        },
-    )
-
-
-def _queued(provider: Provider, job: _Job) -> bool:
-    """Queued mode: chosen by the provider, or by any handler of the event (they run in one
-    transaction). A body that does not parse is answered 400 at once, as inline."""
-    if job.parsed.problem is not None:
-        return False
-    return provider.mode == "queued" or any(h.mode == "queued" for h in job.handlers)
-
-
-def _external(handlers: Sequence[Handler]) -> bool:
-    return any(h.effects == "external" for h in handlers)
-
-
-def _datetime(timestamp: int | None) -> dt.datetime | None:
-    if timestamp is None:
-        return None
-    try:
-        return dt.datetime.fromtimestamp(timestamp, dt.UTC)
-    except (OverflowError, OSError, ValueError):  # past year 9999: verified, but unrepresentable
-        return None
-
-
-def _event(job: _Job, fence: int, extend: Callable[[float], Any]) -> Event:
-    """The handlers' view of the delivery, under the attempt's fence."""
-    claim = job.claim
-    return Event(
-        provider=claim.key.provider,
-        id=claim.key.webhook_id,
-        type=job.parsed.event_type,
-        payload=job.parsed.payload,
-        body=claim.body,
-        headers=job.headers if job.headers is not None else Headers(),
-        timestamp=_datetime(job.timestamp),
-        fence=fence,
-        client=job.client,
-        _extend=extend,
-    )
-
-
-def _final(stored: StoredResponse, key: Key) -> StoredResponse:
-    """Apply the rules for what a handler may answer."""
-    if stored.status >= 500 or stored.status == 429:
-        raise HandlerAnswered(stored)
-    if stored.status == 410:
-        # Standard Webhooks senders disable the endpoint on 410: never send it.
-        logger.warning(
-            "handler answered 410; sent as 400 so the sender does not disable the endpoint",
-            extra={"provider": key.provider, "webhook_id": key.webhook_id},
-        )
-        return StoredResponse(400, stored.content_type, stored.body, stored.headers)
-    return stored

@@ -32,7 +32,8 @@ from .._logging import get_logger
 from .._ops.metrics import Metrics
 from .._queue import receipts as queue
 from .._store.base import Store
-from .pipeline import Outcome, Pipeline, Reply
+from .outcomes import Outcome, Reply
+from .pipeline import Pipeline
 from .providers import Provider
 
 logger = get_logger("receiver")

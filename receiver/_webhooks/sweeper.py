@@ -17,7 +17,8 @@ from .._ops import sweeper as shared
 from .._ops.review import needs_review
 from .._ops.sweeper import SweepReport, WebhookRecoverer
 from .._store.base import Store
-from .pipeline import Outcome, Pipeline
+from .outcomes import Outcome
+from .pipeline import Pipeline
 from .providers import Provider
 
 logger = get_logger("receiver.sweeper")

@@ -35,7 +35,8 @@ from .._ops.metrics import Metrics
 from .._queue import receipts as queue
 from .._store.base import Row, Store
 from .handlers import Registry
-from .pipeline import Outcome, Pipeline
+from .outcomes import Outcome
+from .pipeline import Pipeline
 from .providers import Provider
 
 logger = get_logger("receiver.worker")

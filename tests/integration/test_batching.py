@@ -11,7 +11,7 @@ import httpx
 from receiver import Connection, Event, PostgresStore, Provider, Receiver
 from receiver._ledger import receipts as ledger
 from receiver._ledger.receipts import Claim, Key, State, StoredResponse
-from receiver._webhooks.pipeline import parse
+from receiver._verification.payload import parse
 from tests.conftest import truncate
 from tests.support import EFFECTS_DDL, PROVIDER, SECRET, body_of, effects, signed
 

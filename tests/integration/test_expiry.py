@@ -12,7 +12,7 @@ from receiver import Store
 from receiver._ledger import receipts as ledger
 from receiver._ledger.receipts import Claim, Key
 from receiver._ops.sweeper import DEAD_LETTER_RETENTION
-from receiver._webhooks.pipeline import parse
+from receiver._verification.payload import parse
 from receiver._webhooks.sweeper import sweep
 from tests.integration.test_sweeper import LEASE, build, dead_claim
 from tests.support import PROVIDER, Clock, body_of, effects, signed

@@ -28,7 +28,7 @@ from receiver import (
 )
 from receiver._ledger import receipts as ledger
 from receiver._ledger.receipts import Claim, Decision, Key, State
-from receiver._webhooks.pipeline import parse
+from receiver._verification.payload import parse
 from tests.support import EFFECTS_DDL, PROVIDER, SECRET, Clock, body_of, effects, signed
 
 SKEW = 75.0  # more than the lease

@@ -39,7 +39,8 @@ from receiver._ledger import receipts as ledger
 from receiver._ledger.receipts import Claim, Key
 from receiver._ops.metrics import OUTCOMES, QUEUE_OUTCOMES, reason_of
 from receiver._store.queries import queries
-from receiver._webhooks.pipeline import Outcome, parse
+from receiver._verification.payload import parse
+from receiver._webhooks.outcomes import Outcome
 from receiver.testing import examples
 from tests.integration import test_state_machine as t5
 from tests.support import (

@@ -221,7 +221,7 @@ async def test_verified_but_invalid_payload_is_a_final_400(  # type: ignore[no-u
 
 
 def claim_of(webhook_id: str, body: bytes, now: float, lease: float = 60.0) -> Claim:
-    from receiver._webhooks.pipeline import parse
+    from receiver._verification.payload import parse
 
     parsed = parse(body, None)
     return Claim(

@@ -10,7 +10,7 @@ import pytest
 from receiver import Connection, Event, Provider, Receiver, ReplayRefused, State, Store
 from receiver._ledger import receipts as ledger
 from receiver._ledger.receipts import Claim, Key
-from receiver._webhooks.pipeline import parse
+from receiver._verification.payload import parse
 from tests.support import (
     EFFECTS_DDL,
     PROVIDER,

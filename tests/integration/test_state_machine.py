@@ -24,7 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from receiver import PostgresStore, SQLiteStore, Store
 from receiver._ledger import receipts as ledger
 from receiver._ledger.receipts import Claim, Key
-from receiver._webhooks.pipeline import parse
+from receiver._verification.payload import parse
 from receiver.testing import examples
 from tests.conftest import truncate
 from tests.support import PROVIDER, Clock, SimulatedCrash, body_of, make_receiver, signed

@@ -11,7 +11,7 @@ import pytest
 from receiver import RUN_AGAIN, Connection, Event, PostgresStore, Provider, Receiver, Store
 from receiver._ledger import receipts as ledger
 from receiver._ledger.receipts import Claim, Key
-from receiver._webhooks.pipeline import parse
+from receiver._verification.payload import parse
 from tests.support import EFFECTS_DDL, PROVIDER, SECRET, Clock, body_of, effects, ledger_clock
 
 LEASE = 60.0

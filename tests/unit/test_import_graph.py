@@ -6,12 +6,15 @@ there is still two modules that cannot be understood, or split, one without the 
 The layers (README "Repository layout"): the stores import nothing above them; the ledger
 builds on the stores; verification stands alone; operations and the queue build on the
 ledger; the three entry points (webhooks, agent actions, the Idempotency-Key middleware)
-import those shared layers and never each other; configuration and the CLI sit on top.
+import those shared layers and never each other; configuration and the CLI sit on top. The
+integrations of ``contrib/`` use the public API only, and never one another.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import receiver
@@ -37,6 +40,7 @@ ALLOWED: dict[str, set[str]] = {
     "_cli": SHARED | ENTRY_POINTS | {"_config"},
     "testing": SHARED | ENTRY_POINTS | {"__init__"},
     "__init__": SHARED | ENTRY_POINTS | {"_config"},
+    "contrib": {"__init__"},
 }
 
 
@@ -160,3 +164,26 @@ def test_each_layer_imports_only_the_layers_below_it() -> None:
         and part(target) not in ALLOWED[part(module)]
     )
     assert wrong == []
+
+
+def test_no_integration_imports_another() -> None:
+    edges = graph()
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in edges.items()
+        if module.startswith("contrib.")
+        for target in targets
+        if target.startswith("contrib.")
+    )
+    assert wrong == []
+
+
+def test_the_core_imports_no_framework_it_integrates() -> None:
+    """``import receiver`` must work without any extra installed: it loads none of them."""
+    frameworks = ["mcp", "agents", "langgraph", "pydantic_ai", "playwright"]
+    code = (
+        "import sys, receiver, receiver.testing\n"
+        f"print(sorted(m for m in {frameworks!r} if m in sys.modules))"
+    )
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert shown.stdout.strip() == "[]"

@@ -1,0 +1,135 @@
+"""An agent's action as the executor keys it: the registered :class:`Tool`, the proposed
+:class:`Action` with its key and fingerprint, what a tool is called with, and its stored result.
+
+The key is built from a scope and an id the system assigned (:func:`action_key`), never from
+the model's words; the fingerprint is a hash of the normalized request (:func:`fingerprint`),
+so a retry that rewords a volatile field is still the same action, and the same key with
+another request is a conflict, never a second write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import urllib.parse
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from .._exceptions import ActionError
+from .._store.base import Connection
+
+Effects = Literal["transactional", "external"]
+ToolFunc = Callable[["ToolCall", Connection], Awaitable[Any]]
+ReconcileFunc = Callable[["ToolCall"], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A registered tool. ``effects="transactional"`` promises it acts only through ``tx``;
+    ``"external"`` tools call the outside world and are reconciled, never re-run blindly."""
+
+    name: str
+    func: ToolFunc
+    effects: Effects = "transactional"
+    reconcile: ReconcileFunc | None = None
+    volatile: frozenset[str] = frozenset()
+    lease: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """A proposed action with its stable key, assigned before the first call. Persist it (or
+    its ``scope`` and ``action_id``) with the agent's state and execute it as often as needed."""
+
+    tool: str
+    scope: str
+    action_id: str
+    version: int
+    key: str
+    request: Mapping[str, Any]
+    fingerprint: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """What a tool is called with."""
+
+    action: Action
+    fence: int
+    #: Pass it to the downstream API's own idempotency key (Stripe's ``Idempotency-Key``):
+    #: stable per action and the same on every attempt, so the downstream dedups a re-run.
+    downstream_key: str
+    turn: str | None = None
+
+    @property
+    def request(self) -> Mapping[str, Any]:
+        return self.action.request
+
+
+@dataclass(frozen=True, slots=True)
+class ActionResult:
+    """The stored result of an action: ``body`` is the bytes stored by the first attempt."""
+
+    key: str
+    body: bytes
+    replayed: bool
+
+    @property
+    def value(self) -> Any:
+        return orjson.loads(self.body)
+
+
+def action_key(scope: str, tool: str, action_id: str, version: int = 1) -> str:
+    """``tenant:action:object:v1``; each part percent-encoded, so no two differ only by where
+    a colon falls."""
+    parts = [urllib.parse.quote(p, safe="") for p in (scope, tool, action_id)]
+    return ":".join([*parts, f"v{version}"])
+
+
+def downstream_key(key: str) -> str:
+    """The key passed downstream: derived from the action key only (not the fence), so every
+    attempt of one action sends the same one, and it reveals nothing of the scope."""
+    return "rcv_" + hashlib.sha256(b"receiver-downstream\x00" + key.encode()).hexdigest()[:40]
+
+
+def fingerprint(request: Mapping[str, Any], volatile: Iterable[str] = ()) -> bytes:
+    """sha256 of the normalized request: sorted keys, trimmed strings, volatile fields (names,
+    or dotted paths such as ``"meta.generated_at"``) dropped."""
+    dropped = [tuple(v.split(".")) for v in volatile]
+    try:
+        text = orjson.dumps(_normalize(request, dropped, ()), option=orjson.OPT_SORT_KEYS)
+    except TypeError as exc:
+        raise ActionError(f"the action's request is not JSON: {exc}") from exc
+    return hashlib.sha256(text).digest()
+
+
+def _normalize(value: Any, dropped: list[tuple[str, ...]], path: tuple[str, ...]) -> Any:
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, Mapping):
+        return {
+            str(k): _normalize(v, dropped, (*path, str(k)))
+            for k, v in value.items()
+            if (*path, str(k)) not in dropped
+        }
+    if isinstance(value, list | tuple):
+        return [_normalize(v, dropped, path) for v in value]
+    return value
+
+
+def tool_of(key: str) -> str:
+    """The tool's name in an action key (``scope:tool:object:v1``, each part percent-encoded)."""
+    parts = key.split(":")
+    if len(parts) != 4 or not parts[3].startswith("v"):
+        raise ActionError(f"{key!r} is not an action key (scope:tool:object:vN)")
+    return urllib.parse.unquote(parts[1])
+
+
+def request_body(request: Mapping[str, Any]) -> bytes:
+    """The request as kept in the ledger until completion, for the sweeper's recovery."""
+    try:
+        return orjson.dumps(request)
+    except TypeError as exc:
+        raise ActionError(f"the action's request is not JSON: {exc}") from exc

@@ -1,0 +1,88 @@
+"""One delivery as the steps after verification see it: the :class:`Job`, and the handlers'
+:class:`~receiver.Event` built from it under an attempt's fence."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.datastructures import Headers
+
+from .._ledger.receipts import Claim
+from .._queue import receipts as queue
+from .._verification.payload import Parsed
+from .events import Event
+from .handlers import Handler
+from .providers import Provider
+
+
+@dataclass(slots=True)
+class Job:
+    """Everything about one delivery that the steps after verification need."""
+
+    claim: Claim
+    parsed: Parsed
+    handlers: Sequence[Handler]
+    #: What the handlers' Event carries besides the claim and the payload (the Event itself is
+    #: built once the fence is known, by :func:`event_for`).
+    headers: Headers | None
+    timestamp: int | None
+    client: str | None
+    #: This process's clock when the delivery arrived: the replay cache's notion of time (the
+    #: ledger's own time is the database's, see Store).
+    arrived: float
+    #: Set by a fresh claim or queued insert: the payload is already in the window under
+    #: another webhook-id.
+    drift: bool = False
+    #: Set when a worker runs a queued receipt: it is finished, retried or failed by the
+    #: queue's statements, which keep the sender's stored 202 (receiver/_queue/receipts.py).
+    queued: queue.Queued | None = None
+
+
+@dataclass(slots=True)
+class Running:
+    """A delivery whose handlers this process is running, as this process's clock sees it."""
+
+    payload_hash: bytes
+    fence: int
+    lease_until: float
+
+
+def queued_mode(provider: Provider, job: Job) -> bool:
+    """Queued mode: chosen by the provider, or by any handler of the event (they run in one
+    transaction). A body that does not parse is answered 400 at once, as inline."""
+    if job.parsed.problem is not None:
+        return False
+    return provider.mode == "queued" or any(h.mode == "queued" for h in job.handlers)
+
+
+def has_external(handlers: Sequence[Handler]) -> bool:
+    return any(h.effects == "external" for h in handlers)
+
+
+def _datetime(timestamp: int | None) -> dt.datetime | None:
+    if timestamp is None:
+        return None
+    try:
+        return dt.datetime.fromtimestamp(timestamp, dt.UTC)
+    except (OverflowError, OSError, ValueError):  # past year 9999: verified, but unrepresentable
+        return None
+
+
+def event_for(job: Job, fence: int, extend: Callable[[float], Any]) -> Event:
+    """The handlers' view of the delivery, under the attempt's fence."""
+    claim = job.claim
+    return Event(
+        provider=claim.key.provider,
+        id=claim.key.webhook_id,
+        type=job.parsed.event_type,
+        payload=job.parsed.payload,
+        body=claim.body,
+        headers=job.headers if job.headers is not None else Headers(),
+        timestamp=_datetime(job.timestamp),
+        fence=fence,
+        client=job.client,
+        _extend=extend,
+    )
