@@ -18,7 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from .._exceptions import ConfigurationError
+from .._exceptions import ConfigurationError, StoreUnavailable
 from .._ledger.cache import ReplayCache
 from .._ledger.responses import error
 from .._ledger.results import Encoder
@@ -32,7 +32,7 @@ from .._store.url import store_from_url
 from .events import Event
 from .forwarded import TrustedProxies
 from .handlers import Effects, Handler, HandlerFunc, Mode, ReconcileFunc, Registry
-from .outcomes import Reply
+from .outcomes import Outcome, Reply
 from .pipeline import Pipeline
 from .providers import Provider
 from .replay import replay
@@ -129,6 +129,9 @@ class Receiver:
             self.add_provider(provider)
         self.registry = Registry()
         self._startup: list[StartupHook] = []
+        #: Startup hooks that met the store down: retried until they have run, and deliveries
+        #: are answered 503 meanwhile (a handler must not run before its tables exist).
+        self._pending_startup: asyncio.Task[None] | None = None
         if replay_cache < 0:
             raise ConfigurationError(
                 f"replay_cache must be >= 0 (0 disables it), not {replay_cache}"
@@ -249,7 +252,11 @@ class Receiver:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    async def open(self) -> None:
+    async def open(self, *, defer_startup: bool = False) -> None:
+        """Open the store, check its schema, and run the startup hooks. If the store is
+        unavailable when the hooks run, this raises :class:`~receiver.StoreUnavailable`;
+        with ``defer_startup=True`` (what serving does) the hooks are retried in the
+        background instead, and deliveries are answered 503 until they have run."""
         await self.store.open()
         # Never serve on an older schema: fail here, naming the missing migrations.
         await check_current(self.store)
@@ -259,12 +266,51 @@ class Receiver:
         problem = await check_ready(self.store)
         if problem is not None:
             get_logger("receiver").error("ALERT: the store is not ready: %s", problem)
+        try:
+            await self._run_startup_hooks()
+        except StoreUnavailable as exc:
+            if not defer_startup:
+                raise
+            get_logger("receiver").error(
+                "ALERT: the startup hooks could not run, the store is unavailable (%s); "
+                "deliveries are answered 503 until they have run",
+                exc,
+            )
+            self._pending_startup = asyncio.create_task(
+                self._retry_startup_hooks(), name="receiver-startup-hooks"
+            )
+
+    async def _run_startup_hooks(self) -> None:
         if self._startup:
             async with self.store.acquire() as conn:
                 for hook in self._startup:
                     await hook(conn)
 
+    async def _retry_startup_hooks(self) -> None:
+        logger = get_logger("receiver")
+        delay = 0.25
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await self._run_startup_hooks()
+            except StoreUnavailable as exc:
+                logger.warning("startup hooks: store unavailable (%s); retry in %.1f s", exc, delay)
+            except Exception:
+                # A hook's own bug: loud, and retried slowly (its fix may be in the database).
+                logger.exception("ALERT: a startup hook failed; deliveries are answered 503")
+                delay = 30.0
+            else:
+                logger.info("startup hooks ran; serving deliveries")
+                self._pending_startup = None
+                return
+            delay = min(delay * 2, 5.0) if delay < 30.0 else delay
+
     async def close(self) -> None:
+        if self._pending_startup is not None:
+            self._pending_startup.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pending_startup
+            self._pending_startup = None
         await self.store.close()
 
     async def __aenter__(self) -> Receiver:
@@ -277,8 +323,11 @@ class Receiver:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: object = None) -> AsyncIterator[None]:
         """An ASGI lifespan: ``Starlette(..., lifespan=rx.lifespan)``. Opens the store and runs
-        the background sweeper (every ``sweep_interval`` seconds) while the app serves."""
-        async with self:
+        the background sweeper (every ``sweep_interval`` seconds) while the app serves. A
+        store that is down at start does not stop it: deliveries are answered 503 until the
+        store answers and the startup hooks have run."""
+        await self.open(defer_startup=True)
+        try:
             if self.sweep_interval is not None:
                 self._sweeper = asyncio.create_task(
                     sweep_forever(self.sweep, self.sweep_interval), name="receiver-sweeper"
@@ -294,6 +343,8 @@ class Receiver:
                     with contextlib.suppress(asyncio.CancelledError):
                         await self._sweeper
                     self._sweeper = None
+        finally:
+            await self.close()
 
     def worker(self, **options: float) -> Worker:
         """A :class:`~receiver.Worker` for this receiver's queued deliveries (what
@@ -304,7 +355,15 @@ class Receiver:
 
     def _start_workers(self) -> None:
         self._worker = self.worker(concurrency=self.workers)
-        self._worker_task = asyncio.create_task(self._worker.run(), name="receiver-worker")
+        self._worker_task = asyncio.create_task(
+            self._run_worker(self._worker), name="receiver-worker"
+        )
+
+    async def _run_worker(self, worker: Worker) -> None:
+        # Queued handlers must not run before the startup hooks (their tables) either.
+        if self._pending_startup is not None:
+            await asyncio.shield(self._pending_startup)
+        await worker.run()
 
     async def _stop_workers(self) -> None:
         if self._worker is not None and self._worker_task is not None:
@@ -399,6 +458,16 @@ class Receiver:
         self, provider: Provider, headers: Headers, body: bytes, client: str | None = None
     ) -> Reply:
         """``pipeline.deliver`` in a span of its own when an OpenTelemetry SDK is configured."""
+        if self._pending_startup is not None:
+            response = error(
+                503,
+                "store_unavailable",
+                "the receiver is starting: its store is unavailable; retry later",
+                {"retry-after": str(self.pipeline.retry_after)},
+            )
+            return self.pipeline.refused(
+                provider.name, headers, response, "starting", Outcome.STORE_UNAVAILABLE
+            )
         tracer = self.tracing.tracer()
         if tracer is None:
             return await self.pipeline.deliver(provider, headers, body, client)

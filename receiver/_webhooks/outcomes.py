@@ -35,7 +35,7 @@ class Outcome(enum.StrEnum):
     LEASE_LOST = "lease_lost"
     RECONCILED = "reconciled"
     NEEDS_REVIEW = "needs_review"
-    STOREUNAVAILABLE = "store_unavailable"
+    STORE_UNAVAILABLE = "store_unavailable"
     QUEUED = "queued"  # recorded for the workers and answered 202 (queued mode)
     DEAD_LETTER = "dead_letter"  # a queued receipt's last attempt failed (workers only)
 

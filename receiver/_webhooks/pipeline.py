@@ -162,9 +162,17 @@ class Pipeline:
         if self.metrics is not None and job.drift:
             self.metrics.drifted(job.claim.key.provider, job.claim.key.webhook_id)
 
-    def refused(self, provider: str, headers: Headers, response: Response, check: str) -> Reply:
-        """Report a delivery refused before verification (too large, unreadable)."""
-        reply = Reply(response, Outcome.REJECTED, detail=check)
+    def refused(
+        self,
+        provider: str,
+        headers: Headers,
+        response: Response,
+        check: str,
+        outcome: Outcome = Outcome.REJECTED,
+    ) -> Reply:
+        """Report a delivery refused before verification (too large, unreadable; or 503 while
+        the receiver's startup hooks wait for the store)."""
+        reply = Reply(response, outcome, detail=check)
         self._report(provider, None, None, reply, time.perf_counter(), headers)
         return reply
 
@@ -216,7 +224,7 @@ class Pipeline:
             queued  # a worker's recovery of a queued receipt (receiver/_webhooks/worker.py)
         )
         if reconcile and has_external(job.handlers):
-            return await self._recoverhas_external(job, receipt)
+            return await self._recover_external(job, receipt)
         async with self.store.acquire() as conn:
             fence = await self._reclaim(conn, job, receipt.fence)
         if fence is None:
@@ -346,7 +354,7 @@ class Pipeline:
             UNAVAILABLE.get(exc.kind, UNAVAILABLE["unavailable"]),
             {"retry-after": str(self.retry_after)},
         )
-        return Reply(response, Outcome.STOREUNAVAILABLE, detail=exc.kind)
+        return Reply(response, Outcome.STORE_UNAVAILABLE, detail=exc.kind)
 
     async def _claim_and_run(self, job: Job) -> Reply:
         """Claim the key (one connection, one statement in the common case), then run."""
@@ -390,7 +398,7 @@ class Pipeline:
             return self._busy(None, 1)
         # Broken out of the loop: an interrupted attempt with external effects (reconciled
         # without holding a connection).
-        return await self._recoverhas_external(job, receipt)
+        return await self._recover_external(job, receipt)
 
     def _mismatch(self, key: Key) -> Reply:
         logger.warning(
@@ -606,7 +614,7 @@ class Pipeline:
         response = error(500, "handler_failed", "the handler failed; retry later")
         return Reply(response, Outcome.HANDLER_FAILED, fence)
 
-    async def _recoverhas_external(self, job: Job, receipt: Receipt) -> Reply:
+    async def _recover_external(self, job: Job, receipt: Receipt) -> Reply:
         """An attempt with external effects died or stalled. Never re-run it blindly: each
         external handler's reconcile() asks the outside world what happened."""
         key = job.claim.key

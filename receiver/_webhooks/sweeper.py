@@ -7,7 +7,6 @@ receiver/_ops/sweeper.py (stale keys of the other entry points, expired rows).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from .._ledger import receipts as ledger
 from .._ledger.receipts import Receipt
@@ -15,7 +14,7 @@ from .._ledger.responses import stored_error
 from .._logging import get_logger
 from .._ops import sweeper as shared
 from .._ops.review import needs_review
-from .._ops.sweeper import SweepReport, WebhookRecoverer
+from .._ops.sweeper import Recoverer, SweepReport, WebhookRecoverer
 from .._store.base import Store
 from .outcomes import Outcome
 from .pipeline import Pipeline
@@ -30,12 +29,28 @@ async def sweep(
     providers: Mapping[str, Provider],
     *,
     now: float | None,
-    **options: Any,
+    batch: int = 100,
+    max_batches: int = 10,
+    delete_batch: int = shared.DELETE_BATCH,
+    budget: float = shared.DELETE_BUDGET,
+    retention: float = shared.DEAD_LETTER_RETENTION,
+    recoverers: Mapping[str, Recoverer] | None = None,
 ) -> SweepReport:
-    """One pass (see :func:`receiver._ops.sweeper.sweep` for ``options``); without a
-    ``pipeline`` stale webhook receipts are left to the Receiver that owns their handlers."""
+    """One pass of :func:`receiver._ops.sweeper.sweep` (same options) that recovers stale
+    webhook receipts through ``pipeline``; without a ``pipeline`` they are left to the
+    Receiver that owns their handlers."""
     webhooks = None if pipeline is None else recoverer(store, pipeline, providers)
-    return await shared.sweep(store, webhooks, now=now, **options)
+    return await shared.sweep(
+        store,
+        webhooks,
+        now=now,
+        batch=batch,
+        max_batches=max_batches,
+        delete_batch=delete_batch,
+        budget=budget,
+        retention=retention,
+        recoverers=recoverers,
+    )
 
 
 def recoverer(

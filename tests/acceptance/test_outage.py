@@ -349,3 +349,44 @@ async def test_the_store_reports_a_dying_database_as_unavailable(
         "Store.acquire() as a raw driver error: the pipeline does not catch it and the sender "
         f"gets a 500 'Internal Server Error' instead of a 503. Escaped: {dict(escaped)}"
     )
+
+
+async def test_a_server_started_while_the_database_is_down_serves_once_it_is_back(
+    cluster: pgcluster.Cluster, database: str, tmp_path: Path
+) -> None:
+    """``receiver serve`` of the default app, whose startup hook creates its tables, started
+    during an outage (an orchestrator restarting it): it does not exit; it answers 503 with
+    Retry-After until the database answers and the hook has run, then executes once."""
+    cluster.stop()
+    log = tmp_path / "server.log"
+    env = {"RECEIVER_STORE": database, "RECEIVER_SECRET": SECRET}
+    body = body_of(order_id="o-late", customer="c", amount_cents=100)
+    headers = signed("msg_started_in_outage", body)
+    with running(env, log, app="handlers:app") as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            refused = await client.post("/demo", content=body, headers=headers)
+            assert refused.status_code == 503, refused.content
+            assert refused.headers["retry-after"].isdigit()
+            await asyncio.sleep(0.5)
+            assert server.process.poll() is None, server.output()
+            cluster.start()
+            deadline = time.monotonic() + RECONNECT_WITHIN
+            while (
+                answer := await client.post("/demo", content=body, headers=headers)
+            ).status_code == 503:
+                assert time.monotonic() < deadline, server.output()
+                await asyncio.sleep(0.2)
+            assert (answer.status_code, is_replay(answer)) == (200, False), answer.content
+            again = await client.post("/demo", content=body, headers=headers)
+            assert (again.status_code, again.content, is_replay(again)) == (
+                200,
+                answer.content,
+                True,
+            )
+    assert "startup hooks could not run" in log.read_text()
+    conn = await asyncpg.connect(database)
+    try:
+        rows = await conn.fetch("SELECT id, updated_by FROM orders")
+    finally:
+        await conn.close()
+    assert [tuple(r) for r in rows] == [("o-late", "msg_started_in_outage")]

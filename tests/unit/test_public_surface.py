@@ -186,3 +186,24 @@ def test_the_public_api_is_pinned() -> None:
 
 def test_the_cli_is_pinned() -> None:
     assert commands() == CLI
+
+
+def test_the_outcomes_are_pinned() -> None:
+    """Outcome members are public names (``Outcome.STORE_UNAVAILABLE``) and their values are
+    the deliveries metric's labels: neither may change by accident."""
+    assert {o.name: o.value for o in receiver.Outcome} == {
+        "EXECUTED": "executed",
+        "REPLAYED": "replayed",
+        "IGNORED": "ignored",
+        "IN_FLIGHT": "in_flight_conflict",
+        "MISMATCH": "payload_mismatch",
+        "REJECTED": "rejected",
+        "INVALID": "invalid_payload",
+        "HANDLER_FAILED": "handler_failed",
+        "LEASE_LOST": "lease_lost",
+        "RECONCILED": "reconciled",
+        "NEEDS_REVIEW": "needs_review",
+        "STORE_UNAVAILABLE": "store_unavailable",
+        "QUEUED": "queued",
+        "DEAD_LETTER": "dead_letter",
+    }
