@@ -14,12 +14,17 @@ started before the crash (so that the 409 within the lease is observed whatever 
 load: it answers milliseconds after the death) and a *fresh* process started after the death,
 which knows nothing but what the store holds and performs the recovery.
 
-Every case runs on PostgreSQL and on a SQLite file. The test app (tests/apps/server.py) appends
-"<id> <fence> <pid>" to the invocations file on every true execution, committed or not.
+Every case runs on PostgreSQL and on a SQLite file; the transactional ones also behind a real
+PgBouncer in transaction mode (issue 20: the servers' store URL names the pooler with
+``?pooler=transaction``, the test reads the ledger directly). The pooler holds a dead client's
+server session in a transaction until it notices; the claim still decides. The test app
+(tests/apps/server.py) appends "<id> <fence> <pid>" to the invocations file on every true
+execution, committed or not.
 """
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from collections.abc import Mapping
@@ -32,6 +37,7 @@ import httpx
 import orjson
 import pytest
 
+from tests.conftest import POOLED_DATABASE, truncate
 from tests.servers import Server, start_server
 from tests.support import PROVIDER, SECRET, body_of, query, signed
 
@@ -185,11 +191,29 @@ def wait_out(lease_until: float) -> None:
 # -- transactional handlers -----------------------------------------------------------------------
 
 
+@pytest.fixture(params=["postgresql", "sqlite", "pgbouncer"])
+def served(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
+    """(the servers' store URL, the URL the test reads the ledger with): one URL, except
+    behind the pooler, where the servers go through PgBouncer and the test reads directly."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/r.db"
+        return url, url
+    if request.param == "postgresql":
+        url = request.getfixturevalue("pg_url")
+        asyncio.run(truncate(url))
+        return url, url
+    direct: str = request.getfixturevalue("pooled_database")
+    asyncio.run(truncate(direct))
+    pooler = request.getfixturevalue("pgbouncers")["transaction"]
+    return pooler.url(POOLED_DATABASE) + "?pooler=transaction", direct
+
+
 async def test_crash_before_commit_runs_again_after_the_lease(
-    store_url: str, tmp_path: Path
+    served: tuple[str, str], tmp_path: Path
 ) -> None:
+    through, store_url = served
     invocations = tmp_path / "invocations"
-    env = server_env(store_url, invocations)
+    env = server_env(through, invocations)
     body = body_of(order="o-before")
     headers = signed("msg_crash_before", body)
     wid = headers["webhook-id"]
@@ -226,9 +250,12 @@ async def test_crash_before_commit_runs_again_after_the_lease(
     assert (done["state"], done["fence"], done["body"]) == ("completed", 2, again.content)
 
 
-async def test_crash_after_commit_replays_the_stored_answer(store_url: str, tmp_path: Path) -> None:
+async def test_crash_after_commit_replays_the_stored_answer(
+    served: tuple[str, str], tmp_path: Path
+) -> None:
+    through, store_url = served
     invocations = tmp_path / "invocations"
-    env = server_env(store_url, invocations)
+    env = server_env(through, invocations)
     body = body_of(order="o-after")
     headers = signed("msg_crash_after", body)
     wid = headers["webhook-id"]
