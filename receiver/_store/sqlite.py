@@ -236,9 +236,16 @@ class SQLiteStore(Store):
                 # check_same_thread=False: the ledger's statements inside a transaction of ours
                 # run on the event loop's thread (SQLiteConnection._inline); the store's lock
                 # keeps every use of the connection one at a time.
-                conn = await aiosqlite.connect(
+                pending = aiosqlite.connect(
                     self._path, isolation_level=None, check_same_thread=False
                 )
+                # aiosqlite's thread is not a daemon: a store nobody closed (a Receiver with no
+                # lifespan, a script without `async with`) kept the interpreter from exiting.
+                # Nothing acknowledged needs the thread to outlive the program: every commit
+                # is durable (synchronous=FULL) before its answer is sent. aiosqlite has no
+                # public way to set it (its _thread, like _execute and _conn below).
+                pending._thread.daemon = True
+                conn = await pending
                 conn.row_factory = sqlite3.Row
                 await conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
                 await conn.execute("PRAGMA journal_mode = WAL")

@@ -18,7 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from .._exceptions import ConfigurationError, StoreUnavailable
+from .._exceptions import ConfigurationError, SchemaOutdated, StoreUnavailable
 from .._ledger.cache import ReplayCache
 from .._ledger.responses import error
 from .._ledger.results import Encoder
@@ -132,6 +132,10 @@ class Receiver:
         #: Startup hooks that met the store down: retried until they have run, and deliveries
         #: are answered 503 meanwhile (a handler must not run before its tables exist).
         self._pending_startup: asyncio.Task[None] | None = None
+        #: Opened by the lifespan, ``async with rx:``, or else the first delivery (a Receiver
+        #: mounted where no lifespan reaches it still runs its startup hooks first).
+        self._opened = False
+        self._open_lock = asyncio.Lock()
         if replay_cache < 0:
             raise ConfigurationError(
                 f"replay_cache must be >= 0 (0 disables it), not {replay_cache}"
@@ -279,6 +283,7 @@ class Receiver:
             self._pending_startup = asyncio.create_task(
                 self._retry_startup_hooks(), name="receiver-startup-hooks"
             )
+        self._opened = True
 
     async def _run_startup_hooks(self) -> None:
         if self._startup:
@@ -311,6 +316,7 @@ class Receiver:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._pending_startup
             self._pending_startup = None
+        self._opened = False
         await self.store.close()
 
     async def __aenter__(self) -> Receiver:
@@ -458,16 +464,10 @@ class Receiver:
         self, provider: Provider, headers: Headers, body: bytes, client: str | None = None
     ) -> Reply:
         """``pipeline.deliver`` in a span of its own when an OpenTelemetry SDK is configured."""
+        if not self._opened and not await self._open_on_first_delivery():
+            return self._starting(provider, headers)
         if self._pending_startup is not None:
-            response = error(
-                503,
-                "store_unavailable",
-                "the receiver is starting: its store is unavailable; retry later",
-                {"retry-after": str(self.pipeline.retry_after)},
-            )
-            return self.pipeline.refused(
-                provider.name, headers, response, "starting", Outcome.STORE_UNAVAILABLE
-            )
+            return self._starting(provider, headers)
         tracer = self.tracing.tracer()
         if tracer is None:
             return await self.pipeline.deliver(provider, headers, body, client)
@@ -475,6 +475,30 @@ class Receiver:
             reply = await self.pipeline.deliver(provider, headers, body, client)
             span.finish(reply.outcome.value, reply.response.status_code, reply.fence, reply.detail)
         return reply
+
+    async def _open_on_first_delivery(self) -> bool:
+        """Open the store and run the startup hooks before the first delivery of a Receiver
+        that no lifespan opened. False (the delivery is answered 503) if the store cannot be
+        opened or its schema is not current; the next delivery tries again."""
+        async with self._open_lock:
+            if not self._opened:
+                try:
+                    await self.open(defer_startup=True)
+                except (StoreUnavailable, SchemaOutdated) as exc:
+                    get_logger("receiver").error("ALERT: delivery refused with 503: %s", exc)
+                    return False
+        return True
+
+    def _starting(self, provider: Provider, headers: Headers) -> Reply:
+        response = error(
+            503,
+            "store_unavailable",
+            "the receiver is starting: its store is unavailable; retry later",
+            {"retry-after": str(self.pipeline.retry_after)},
+        )
+        return self.pipeline.refused(
+            provider.name, headers, response, "starting", Outcome.STORE_UNAVAILABLE
+        )
 
     def _refused(
         self, name: str, request: Request, status: int, check: str, detail: str
