@@ -23,7 +23,7 @@ from typing import Any
 
 from receiver import generate_secret
 
-from . import agents, checks, load, profile, queued, report, servers, tracing, verifier
+from . import agents, checks, load, peers, profile, queued, report, servers, tracing, verifier
 from .business import PROVIDER
 from .stores import PostgresTarget, SQLiteTarget, Target
 
@@ -82,6 +82,8 @@ class Settings:
     agents: float = 5.0  # seconds per side of the middleware/executor benchmark; 0 skips it
     tracing: int = 5  # rounds of the tracing micro-benchmark; 0 skips it
     queued: int = 2  # rounds of the queued-mode benchmark (PostgreSQL); 0 skips it
+    peers: int = 2  # rounds against pgqueuer and procrastinate (PostgreSQL); 0 skips it
+    peer_seconds: float = 5.0  # seconds of each side's drain per round
     profile_seconds: int = 20
 
 
@@ -97,6 +99,8 @@ QUICK = Settings(
     tracing=1,
     agents=1.0,
     queued=1,
+    peers=1,
+    peer_seconds=2.0,
 )
 
 
@@ -778,6 +782,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--agents", type=float, help="middleware/executor seconds per side")
     parser.add_argument("--tracing", type=int, help="tracing micro-benchmark rounds (0 skips)")
     parser.add_argument("--queued", type=int, help="queued-mode benchmark rounds (0 skips)")
+    parser.add_argument("--peers", type=int, help="rounds against the job queues (0 skips)")
     parser.add_argument(
         "--stores", default="postgresql,sqlite", help="comma-separated: postgresql,sqlite"
     )
@@ -834,6 +839,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             "agents",
             "tracing",
             "queued",
+            "peers",
             "profile_seconds",
         )
         if getattr(args, name) is not None
@@ -947,6 +953,17 @@ def run(args: argparse.Namespace) -> int:
                 _say(queued.describe(result["queued"]))
                 if not result["queued"]["ok"]:
                     bench.failures.append("queued: " + queued.describe(result["queued"]))
+            if settings.peers and "postgresql" in stores:
+                _say("the queue against pgqueuer and procrastinate...")
+                result["peers"] = peers.run(
+                    args.pg_url,
+                    rounds=settings.peers,
+                    drain_seconds=settings.peer_seconds,
+                    work_dir=bench.path("peers"),
+                )
+                _say(peers.describe(result["peers"]))
+                if not result["peers"]["ok"]:
+                    bench.failures.append("peers: " + peers.describe(result["peers"]))
             if settings.soak:
                 _say(f"soak: {settings.soak} s on {settings.soak_store}...")
                 result["soak"] = soak(bench)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
 
 from opentelemetry.trace import TracerProvider
@@ -26,6 +27,7 @@ from .._logging import get_logger
 from .._ops.health import check_ready, observability_routes, reserved_names
 from .._ops.metrics import Metrics
 from .._ops.sweeper import Recoverer, SweepReport, sweep_forever
+from .._queue.ingest import enqueue_many
 from .._store.base import Connection, Store
 from .._store.migrations import check_current
 from .._store.url import store_from_url
@@ -46,6 +48,8 @@ StartupHook = Callable[[Connection], Awaitable[None]]
 DEFAULT_STORE = "sqlite:///receiver.db"
 DEFAULT_MAX_BODY = 1024 * 1024
 _METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"]
+# What a verified webhook-id is (receiver/_verification/schemes.py): 1-255 visible ASCII.
+_WEBHOOK_ID = re.compile(r"[\x21-\x7e]{1,255}")
 
 
 class _TooLarge(Exception):
@@ -396,6 +400,39 @@ class Receiver:
         """Run a stored failed, released or stale delivery again through the claim and fence
         path (``receiver replay``). Raises ReplayRefused for a completed, live or unknown one."""
         return await replay(self, provider, webhook_id)
+
+    async def enqueue_many(
+        self, provider: str, deliveries: Iterable[tuple[str, bytes]], *, batch: int = 1000
+    ) -> list[bool]:
+        """Queue many deliveries of ``provider`` for the workers at once (a backfill, or a
+        replay of events fetched from the provider's API): ``(webhook_id, body)`` pairs, trusted
+        as verified (no signature is checked: the caller vouches for them). One statement per
+        ``batch`` deliveries. Per delivery, in order: True if it was queued now, False if its
+        webhook-id is already in the ledger (left as it is: run once, whatever the payload) or
+        earlier in ``deliveries``.
+
+        Every delivery is checked before anything is written: an unknown provider, a
+        webhook-id that is not 1-255 visible ASCII, or a body that is not a JSON object with a
+        valid ``"type"`` raises ValueError and records nothing. Workers (``receiver worker``,
+        or ``workers=``) run them exactly like queued deliveries, whatever the provider's mode.
+        """
+        found = self.providers.get(provider)
+        if found is None:
+            raise ValueError(f"no provider named {provider!r}")
+        claims = []
+        for n, item in enumerate(deliveries):
+            webhook_id, body = item
+            if not isinstance(webhook_id, str) or not _WEBHOOK_ID.fullmatch(webhook_id):
+                raise ValueError(f"delivery {n}: the webhook-id must be 1-255 visible ASCII")
+            if not isinstance(body, bytes | bytearray):
+                raise ValueError(f"delivery {n}: the body must be bytes")
+            job = self.pipeline._prepare(found, webhook_id, bytes(body), None, self.clock())
+            if job.parsed.problem is not None:
+                raise ValueError(f"delivery {n} ({webhook_id}): {job.parsed.problem}")
+            claims.append(job.claim)
+        return await enqueue_many(
+            self.store, claims, batch=batch, on_enqueued=self.pipeline.ingest.on_enqueued
+        )
 
     def report_double_execution(self, event: Event, detail: str) -> None:
         """For a handler's own business check (say, its row for ``event.id`` already exists):

@@ -1,0 +1,155 @@
+"""``Receiver.enqueue_many`` on both stores: many deliveries queued in one statement per batch,
+each key once (against the ledger, within the call, and against a concurrent call), bad input
+refused before anything is written, and the workers run each exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from receiver import Event, Provider, Receiver, Store
+from receiver._store.base import Connection
+from tests.support import EFFECTS_DDL, PROVIDER, SECRET, Clock, body_of, effects, receipt_count
+
+
+def receiver_for(store: Store, clock: Clock) -> tuple[Receiver, list[str]]:
+    store.clock = clock
+    rx = Receiver(store, [Provider(PROVIDER, [SECRET], mode="queued")], clock=clock)
+    ran: list[str] = []
+
+    @rx.on_startup
+    async def create(conn: Connection) -> None:
+        await conn.execute(EFFECTS_DDL)
+
+    @rx.on("order.*")
+    async def record(event: Event, tx: Connection) -> None:
+        ran.append(event.id)
+        await tx.execute(
+            "INSERT INTO effects (provider, webhook_id, fence, note) VALUES ($1, $2, $3, $4)",
+            event.provider,
+            event.id,
+            event.fence,
+            event.type,
+        )
+
+    return rx, ran
+
+
+async def drain(rx: Receiver) -> dict[str, int]:
+    worker = rx.worker(concurrency=8, poll_interval=0.05, grace=5.0)
+    task = asyncio.create_task(worker.run())
+    for _ in range(400):
+        await asyncio.sleep(0.02)
+        async with rx.store.acquire() as conn:
+            depth = await conn.run_all("queue_depth", rx.store.now())
+        if not any(r["due"] for r in depth) and not worker._running:
+            break
+    worker.stop()
+    await task
+    return worker.done
+
+
+async def test_many_deliveries_are_queued_once_and_run_once(store: Store) -> None:
+    clock = Clock()
+    rx, ran = receiver_for(store, clock)
+    async with rx:
+        before = await rx.enqueue_many(PROVIDER, [("m0", body_of(order=0))])
+        assert before == [True]
+        deliveries = [(f"m{n}", body_of(order=n)) for n in range(25)]
+        deliveries.append(("m3", body_of(order=3)))  # twice in one call
+        got = await rx.enqueue_many(PROVIDER, deliveries, batch=7)
+        # m0 was already in the ledger; the second m3 is a duplicate of the first.
+        assert got == [False] + [True] * 24 + [False]
+        assert await receipt_count(store) == 25
+        assert await drain(rx) == {"executed": 25}
+        assert sorted(ran) == sorted(f"m{n}" for n in range(25))
+        assert await effects(store) == 25
+        # Queued again after completion: already in the ledger, nothing runs again.
+        assert await rx.enqueue_many(PROVIDER, deliveries[:3]) == [False] * 3
+        assert await drain(rx) == {}
+        assert await effects(store) == 25
+
+
+@pytest.mark.parametrize(
+    ("provider", "delivery", "problem"),
+    [
+        ("nobody", ("x1", body_of()), "no provider"),
+        (PROVIDER, ("", body_of()), "webhook-id"),
+        (PROVIDER, ("has space", body_of()), "webhook-id"),
+        (PROVIDER, ("x" * 256, body_of()), "webhook-id"),
+        (PROVIDER, ("x1", "not bytes"), "bytes"),
+        (PROVIDER, ("x1", b"not json"), "x1"),
+        (PROVIDER, ("x1", b'{"no":"type"}'), "type"),
+    ],
+)
+async def test_bad_input_is_refused_and_nothing_is_written(
+    store: Store, provider: str, delivery: tuple[str, object], problem: str
+) -> None:
+    clock = Clock()
+    rx, _ = receiver_for(store, clock)
+    async with rx:
+        good = [(f"ok{n}", body_of(order=n)) for n in range(3)]
+        with pytest.raises(ValueError, match=problem):
+            await rx.enqueue_many(provider, [*good, delivery])  # type: ignore[list-item]
+        assert await receipt_count(store) == 0
+        with pytest.raises(ValueError, match="batch"):
+            await rx.enqueue_many(PROVIDER, good, batch=0)
+        assert await receipt_count(store) == 0
+
+
+async def test_concurrent_calls_queue_each_key_once(store: Store) -> None:
+    """Copies of one backfill, released at once through one barrier: every key is queued by
+    exactly one of them, and run once."""
+    clock = Clock()
+    rx, ran = receiver_for(store, clock)
+    async with rx:
+        deliveries = [(f"c{n}", body_of(order=n)) for n in range(40)]
+        barrier = asyncio.Barrier(4)
+
+        async def copy(shift: int) -> list[bool]:
+            mine = deliveries[shift:] + deliveries[:shift]  # another order each
+            await barrier.wait()
+            got = await rx.enqueue_many(PROVIDER, mine, batch=16)
+            return got[-shift:] + got[:-shift] if shift else got
+
+        results = await asyncio.gather(*(copy(s) for s in (0, 10, 20, 30)))
+        for n in range(40):
+            assert sum(r[n] for r in results) == 1, deliveries[n][0]
+        assert await receipt_count(store) == 40
+        assert await drain(rx) == {"executed": 40}
+        assert sorted(ran) == sorted(d[0] for d in deliveries)
+
+
+ids = st.sampled_from([f"h{n}" for n in range(12)])
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    first=st.lists(ids, max_size=10),
+    second=st.lists(ids, max_size=20),
+    batch=st.integers(1, 8),
+)
+async def test_inserted_flags_match_the_ledger(
+    pg_store: Store, first: list[str], second: list[str], batch: int
+) -> None:
+    """Whatever the ids, their repeats and the batch size: True exactly for the first copy of
+    an id that was not in the ledger, and the ledger holds each id once."""
+    clock = Clock()
+    rx, _ = receiver_for(pg_store, clock)
+    async with rx:
+        async with pg_store.acquire() as conn:
+            await conn.execute("DELETE FROM receiver_receipts")
+        await rx.enqueue_many(PROVIDER, [(i, body_of(id=i)) for i in first], batch=batch)
+        got = await rx.enqueue_many(PROVIDER, [(i, body_of(id=i)) for i in second], batch=batch)
+        seen = set(first)
+        expected = []
+        for i in second:
+            expected.append(i not in seen)
+            seen.add(i)
+        assert got == expected
+        assert await receipt_count(pg_store) == len(seen)
