@@ -58,6 +58,10 @@ CREATE INDEX IF NOT EXISTS receiver_receipts_released_failed
 CREATE INDEX IF NOT EXISTS receiver_receipts_payload_hash
     ON receiver_receipts (payload_hash, provider);
 
+-- The operator console (0006): a provider's newest receipts, read newest first.
+CREATE INDEX IF NOT EXISTS receiver_receipts_provider_claimed
+    ON receiver_receipts (provider COLLATE "C", claimed_at);
+
 -- Every failed attempt of a delivery, for the dead-letter view and `receiver inspect`.
 CREATE TABLE IF NOT EXISTS receiver_attempts (
     provider   text        NOT NULL,
@@ -67,3 +71,27 @@ CREATE TABLE IF NOT EXISTS receiver_attempts (
     error      text        NOT NULL,
     PRIMARY KEY (provider, webhook_id, fence)
 );
+
+-- The operator console's charts (0006): failed attempts by time.
+CREATE INDEX IF NOT EXISTS receiver_attempts_failed_at
+    ON receiver_attempts (failed_at);
+
+-- Every action the operator console took (0006): who, when, what, why, and how it ended.
+CREATE TABLE IF NOT EXISTS receiver_audit (
+    id         bigserial   PRIMARY KEY,
+    at         timestamptz NOT NULL,
+    actor      text        NOT NULL,
+    action     text        NOT NULL,
+    provider   text        NOT NULL,
+    webhook_id text        NOT NULL,
+    -- the fence of the receipt the operator acted on
+    fence      bigint,
+    reason     text        NOT NULL,
+    -- NULL while the action runs; then how it ended (executed, refused, ...), with a detail
+    outcome    text,
+    detail     text
+);
+
+CREATE INDEX IF NOT EXISTS receiver_audit_at ON receiver_audit (at);
+
+CREATE INDEX IF NOT EXISTS receiver_audit_key ON receiver_audit (provider, webhook_id);

@@ -5,6 +5,7 @@ from ._actions.executor import Actions
 from ._actions.metrics import ActionMetrics
 from ._config.loader import load_config
 from ._config.model import Config, ProviderConfig
+from ._console import Console
 from ._exceptions import (
     ActionConflict,
     ActionError,
@@ -78,6 +79,7 @@ __all__ = [
     "Config",
     "ConfigurationError",
     "Connection",
+    "Console",
     "DedupWindow",
     "Event",
     "FailedAttempt",

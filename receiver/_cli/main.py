@@ -16,6 +16,7 @@ from typing import Any
 from .._exceptions import ReceiverError
 from .._logging import FORMATS
 from .._webhooks.app import DEFAULT_STORE
+from .console import add_console_parser, console_command
 from .loading import DEFAULT_APP
 from .processes import serve, sweep_command, worker_command
 from .receipts import failed_command, inspect_command, replay_command
@@ -151,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(ttl, "app", "the Receiver whose providers to explain, module:attribute")
     _add(ttl, "config", "explain the providers of this config file (needs no secrets)")
 
+    add_console_parser(sub, _add)
+
     send = sub.add_parser("send", help="sign a delivery and POST it, to try the receiver")
     _add(send, "url", "the provider's endpoint", "http://127.0.0.1:8000/demo")
     _add(send, "secret", "the provider's whsec_ (or whsk_) secret", None)
@@ -179,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "replay": replay_command,
             "ttl": ttl_command,
             "worker": worker_command,
+            "console": console_command,
         }[args.command]
         return command(args)
     except ReceiverError as exc:

@@ -7,7 +7,7 @@ import contextlib
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
@@ -41,6 +41,9 @@ from .replay import replay
 from .sweeper import sweep
 from .tracing import Tracing
 from .worker import Worker
+
+if TYPE_CHECKING:
+    from .._console import Console
 
 F = TypeVar("F", bound=HandlerFunc)
 StartupHook = Callable[[Connection], Awaitable[None]]
@@ -433,6 +436,16 @@ class Receiver:
         return await enqueue_many(
             self.store, claims, batch=batch, on_enqueued=self.pipeline.ingest.on_enqueued
         )
+
+    def console(self, **options: Any) -> Console:
+        """The operator console over this receiver's ledger, an ASGI app to mount inside the
+        host application (``app.mount("/console", rx.console())``), behind the host's own
+        authentication (or pass ``token=``). It replays with this receiver's handlers. Options:
+        ``token``, ``read_only``, ``show_payloads``, ``actor``, ``redact_fields``
+        (receiver.Console)."""
+        from .._console import Console
+
+        return Console(self.store, receiver=self, **options)
 
     def report_double_execution(self, event: Event, detail: str) -> None:
         """For a handler's own business check (say, its row for ``event.id`` already exists):

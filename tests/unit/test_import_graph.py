@@ -6,7 +6,9 @@ there is still two modules that cannot be understood, or split, one without the 
 The layers (README "Repository layout"): the stores import nothing above them; the ledger
 builds on the stores; verification stands alone; operations and the queue build on the
 ledger; the three entry points (webhooks, agent actions, the Idempotency-Key middleware)
-import those shared layers and never each other; configuration and the CLI sit on top. The
+import those shared layers and never each other; the operator console reads and acts on the
+ledger through the shared layers (a Receiver hands it its handlers structurally); configuration
+and the CLI sit on top. The
 integrations of ``contrib/`` use the public API only, and never one another.
 """
 
@@ -33,13 +35,14 @@ ALLOWED: dict[str, set[str]] = {
     "_verification": set(),
     "_ops": {"_store", "_ledger"},
     "_queue": {"_store", "_ledger", "_ops"},
-    "_webhooks": SHARED,
+    "_webhooks": SHARED | {"_console"},
     "_actions": SHARED,
     "_idempotency": SHARED,
     "_config": SHARED | {"_webhooks"},
-    "_cli": SHARED | ENTRY_POINTS | {"_config"},
+    "_console": SHARED,
+    "_cli": SHARED | ENTRY_POINTS | {"_config", "_console"},
     "testing": SHARED | ENTRY_POINTS | {"__init__"},
-    "__init__": SHARED | ENTRY_POINTS | {"_config"},
+    "__init__": SHARED | ENTRY_POINTS | {"_config", "_console"},
     "contrib": {"__init__"},
 }
 

@@ -24,6 +24,7 @@ ALL = [
     "Config",
     "ConfigurationError",
     "Connection",
+    "Console",
     "DedupWindow",
     "Event",
     "FailedAttempt",
@@ -83,6 +84,19 @@ ALL = [
 
 #: Each command: its options, then its positional arguments.
 CLI = {
+    "console": [
+        "--app",
+        "--config",
+        "--help",
+        "--host",
+        "--log-level",
+        "--port",
+        "--read-only",
+        "--show-payloads",
+        "--store",
+        "--token-file",
+        "-h",
+    ],
     "failed": [
         "--help",
         "--limit",

@@ -563,3 +563,282 @@ LEFT JOIN receiver_receipts r
     ON c.fence IS NULL AND r.provider = i.provider AND r.webhook_id = i.webhook_id
 ORDER BY i.n;
 
+
+-- console
+-- The operator console's statements (receiver/_console/). Its lists walk indexes and stop
+-- after a bounded number of entries, so that a page costs the same at 10M receipts as at 1k:
+-- receiver_receipts_provider_claimed (0006) for the newest receipts of a provider, the partial
+-- indexes for the small states, receiver_attempts_failed_at and receiver_audit_at for the
+-- charts. A "mark" is a receipt's claimed_at in whole microseconds since the epoch: the exact
+-- keyset cursor of a page (a float of seconds may not survive the round trip exactly).
+
+-- name: console_providers
+-- Every provider (and action:/idem: namespace) in the ledger: a loose index scan of the
+-- primary key, one probe per provider however many receipts each holds.
+WITH RECURSIVE p AS (
+    SELECT (SELECT min(provider) FROM receiver_receipts) AS provider
+    UNION ALL
+    SELECT (SELECT min(r.provider) FROM receiver_receipts r WHERE r.provider > p.provider)
+    FROM p
+    WHERE p.provider IS NOT NULL
+)
+SELECT provider FROM p WHERE provider IS NOT NULL;
+
+-- name: console_receipts
+-- One provider's receipts, newest first, below the cursor ($2 mark, NULL: from the newest;
+-- $3 the webhook-id at that mark, NULL: every webhook-id at the mark) and not older than $4
+-- (unix seconds, NULL: no bound). The walk reads at most $8 index entries; of those, the ones
+-- matching the filters ($5 state, $6 event type, $7 webhook-id prefix; '' for any) come back,
+-- at most $9. $10: the ledger's time (NULL: the database's).
+SELECT provider, webhook_id, state, fence, event_type, attempts, last_error,
+       extract(epoch FROM claimed_at)::float8 AS claimed_at,
+       extract(epoch FROM lease_until)::float8 AS lease_until,
+       extract(epoch FROM expires_at)::float8 AS expires_at,
+       extract(epoch FROM completed_at)::float8 AS completed_at,
+       response_status, queued, needs_review, mark,
+       extract(epoch FROM COALESCE(to_timestamp($10::float8), statement_timestamp()))::float8
+           AS now
+FROM (
+    SELECT provider, webhook_id, state, fence, event_type, attempts, last_error, claimed_at,
+           lease_until, expires_at, completed_at, response_status,
+           due_at IS NOT NULL AS queued,
+           (state = 'failed'
+            AND position('"needs_review"'::bytea IN substring(response_body FROM 1 FOR 200)) > 0)
+               AS needs_review,
+           (extract(epoch FROM claimed_at) * 1000000)::int8 AS mark
+    FROM receiver_receipts
+    WHERE provider COLLATE "C" = $1
+      AND claimed_at <= COALESCE('epoch'::timestamptz + $2::int8 * interval '1 microsecond',
+                                 'infinity')
+      AND (claimed_at < COALESCE('epoch'::timestamptz + $2::int8 * interval '1 microsecond',
+                                 'infinity')
+           OR $3::text IS NULL OR webhook_id < $3::text)
+      AND claimed_at >= COALESCE(to_timestamp($4::float8), '-infinity')
+    ORDER BY claimed_at DESC, webhook_id DESC
+    LIMIT $8
+) walked
+WHERE ($5::text = '' OR state = $5::text)
+  AND ($6::text = '' OR event_type = $6::text)
+  AND ($7::text = '' OR left(webhook_id, length($7::text)) = $7::text)
+ORDER BY claimed_at DESC, webhook_id DESC
+LIMIT $9;
+
+-- name: console_horizon
+-- Where a filtered walk of console_receipts (same $1-$4, $5 its $8) stopped: the last of the
+-- entries it read, and how many it read (fewer than $5: the provider has nothing older).
+SELECT mark, webhook_id, extract(epoch FROM claimed_at)::float8 AS claimed_at, read
+FROM (
+    SELECT (extract(epoch FROM claimed_at) * 1000000)::int8 AS mark, webhook_id, claimed_at,
+           count(*) OVER () AS read
+    FROM (
+        SELECT claimed_at, webhook_id
+        FROM receiver_receipts
+        WHERE provider COLLATE "C" = $1
+          AND claimed_at <= COALESCE('epoch'::timestamptz + $2::int8 * interval '1 microsecond',
+                                     'infinity')
+          AND (claimed_at < COALESCE('epoch'::timestamptz + $2::int8 * interval '1 microsecond',
+                                     'infinity')
+               OR $3::text IS NULL OR webhook_id < $3::text)
+          AND claimed_at >= COALESCE(to_timestamp($4::float8), '-infinity')
+        ORDER BY claimed_at DESC, webhook_id DESC
+        LIMIT $5
+    ) walked
+) counted
+ORDER BY claimed_at, webhook_id
+LIMIT 1;
+
+-- name: console_dead_letters
+-- Failed receipts ($2 'failed': final failures; 'needs_review': those a person must look at)
+-- or released ones after failed attempts ($2 'released'), newest first, through the partial
+-- index of released and failed receipts. $1 provider ('' for all); cursor $3 mark (NULL: from
+-- the newest), $4 provider, $5 webhook-id; at most $6; $7 the ledger's time.
+SELECT provider, webhook_id, state, fence, event_type, attempts, last_error,
+       extract(epoch FROM claimed_at)::float8 AS claimed_at,
+       extract(epoch FROM lease_until)::float8 AS lease_until,
+       extract(epoch FROM expires_at)::float8 AS expires_at,
+       extract(epoch FROM completed_at)::float8 AS completed_at,
+       response_status, due_at IS NOT NULL AS queued,
+       (state = 'failed'
+        AND position('"needs_review"'::bytea IN substring(response_body FROM 1 FOR 200)) > 0)
+           AS needs_review,
+       (extract(epoch FROM claimed_at) * 1000000)::int8 AS mark,
+       extract(epoch FROM COALESCE(to_timestamp($7::float8), statement_timestamp()))::float8
+           AS now
+FROM receiver_receipts
+WHERE state IN ('released', 'failed')
+  AND ($1::text = '' OR provider = $1::text)
+  AND CASE $2::text
+          WHEN 'released' THEN state = 'released' AND attempts > 0
+          WHEN 'needs_review' THEN state = 'failed' AND position('"needs_review"'::bytea IN
+                                   substring(response_body FROM 1 FOR 200)) > 0
+          ELSE state = 'failed' AND position('"needs_review"'::bytea IN
+                                   substring(response_body FROM 1 FOR 200)) = 0
+      END
+  AND ($3::int8 IS NULL
+       OR (claimed_at, provider, webhook_id)
+          < ('epoch'::timestamptz + $3::int8 * interval '1 microsecond', $4::text, $5::text))
+ORDER BY claimed_at DESC, provider DESC, webhook_id DESC
+LIMIT $6;
+
+-- name: console_in_flight
+-- In-flight receipts ($2 true: only those whose lease ran out, i.e. stale), newest first,
+-- through the partial index of in-flight receipts; parameters as console_dead_letters.
+SELECT provider, webhook_id, state, fence, event_type, attempts, last_error,
+       extract(epoch FROM claimed_at)::float8 AS claimed_at,
+       extract(epoch FROM lease_until)::float8 AS lease_until,
+       extract(epoch FROM expires_at)::float8 AS expires_at,
+       extract(epoch FROM completed_at)::float8 AS completed_at,
+       response_status, due_at IS NOT NULL AS queued, false AS needs_review,
+       (extract(epoch FROM claimed_at) * 1000000)::int8 AS mark,
+       extract(epoch FROM COALESCE(to_timestamp($7::float8), statement_timestamp()))::float8
+           AS now
+FROM receiver_receipts
+WHERE state = 'in_flight'
+  AND ($1::text = '' OR provider = $1::text)
+  AND (NOT $2::boolean
+       OR lease_until <= COALESCE(to_timestamp($7::float8), statement_timestamp()))
+  AND ($3::int8 IS NULL
+       OR (claimed_at, provider, webhook_id)
+          < ('epoch'::timestamptz + $3::int8 * interval '1 microsecond', $4::text, $5::text))
+ORDER BY claimed_at DESC, provider DESC, webhook_id DESC
+LIMIT $6;
+
+-- name: console_needs_review_counts
+-- Receipts that need a person, per provider: failed ones only (the partial index), whose
+-- stored answer says so.
+SELECT provider, count(*) AS n
+FROM receiver_receipts
+WHERE state IN ('released', 'failed') AND state = 'failed'
+  AND position('"needs_review"'::bytea IN substring(response_body FROM 1 FOR 200)) > 0
+GROUP BY provider;
+
+-- name: console_delivery_chart
+-- Receipts of provider $1 claimed per bucket: $4 buckets of $3 seconds from $2 (unix seconds).
+-- Each bucket walks at most $5 entries of receiver_receipts_provider_claimed, newest first;
+-- "earliest" is the oldest entry it read, from which a full bucket's count is extrapolated.
+SELECT b.i, c.n, c.earliest
+FROM generate_series(0, $4::int - 1) AS b(i)
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n, extract(epoch FROM min(w.claimed_at))::float8 AS earliest
+    FROM (
+        SELECT claimed_at
+        FROM receiver_receipts
+        WHERE provider COLLATE "C" = $1
+          AND claimed_at >= to_timestamp($2::float8 + b.i * $3::float8)
+          AND claimed_at < to_timestamp($2::float8 + (b.i + 1) * $3::float8)
+        ORDER BY claimed_at DESC
+        LIMIT $5
+    ) w
+) c
+ORDER BY b.i;
+
+-- name: console_failure_chart
+-- Failed attempts per bucket ($3 buckets of $2 seconds from $1), at most $4 read per bucket.
+SELECT b.i, c.n, c.earliest
+FROM generate_series(0, $3::int - 1) AS b(i)
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n, extract(epoch FROM min(w.failed_at))::float8 AS earliest
+    FROM (
+        SELECT failed_at
+        FROM receiver_attempts
+        WHERE failed_at >= to_timestamp($1::float8 + b.i * $2::float8)
+          AND failed_at < to_timestamp($1::float8 + (b.i + 1) * $2::float8)
+        ORDER BY failed_at DESC
+        LIMIT $4
+    ) w
+) c
+ORDER BY b.i;
+
+-- name: console_replay_chart
+-- Operators' replays and re-runs per bucket, from the audit records (as the failure chart).
+SELECT b.i, c.n, c.earliest
+FROM generate_series(0, $3::int - 1) AS b(i)
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n, extract(epoch FROM min(w.at))::float8 AS earliest
+    FROM (
+        SELECT at
+        FROM receiver_audit
+        WHERE at >= to_timestamp($1::float8 + b.i * $2::float8)
+          AND at < to_timestamp($1::float8 + (b.i + 1) * $2::float8)
+          AND action IN ('replay', 'rerun')
+        ORDER BY at DESC
+        LIMIT $4
+    ) w
+) c
+ORDER BY b.i;
+
+-- name: console_reopen_completed
+-- An operator's deliberate re-run of a completed inline delivery: give it back (fenced, and
+-- only while it is the same payload) with the body the operator supplied, so that the replay
+-- reclaims it with the next fence exactly as a dead letter's. $5: the ledger's time.
+UPDATE receiver_receipts
+SET state = 'released',
+    request_body = $6,
+    lease_until = COALESCE(to_timestamp($5::float8), statement_timestamp()),
+    completed_at = NULL,
+    response_status = NULL,
+    response_content_type = NULL,
+    response_body = NULL,
+    response_headers = NULL
+WHERE provider = $1 AND webhook_id = $2 AND fence = $3
+  -- As a CASE, so that no plan looks the row up by payload hash instead of the key.
+  AND CASE WHEN payload_hash = $4 THEN true ELSE false END
+  AND state = 'completed' AND due_at IS NULL
+RETURNING fence;
+
+-- name: console_requeue_completed
+-- The same for a completed queued delivery: due again now for the workers, with a fresh round
+-- of attempts; its stored answer to the sender (the 202) stays.
+WITH t AS (SELECT COALESCE(to_timestamp($5::float8), statement_timestamp()) AS now)
+UPDATE receiver_receipts
+SET state = 'queued', request_body = $6, due_at = t.now, lease_until = t.now, attempts = 0,
+    completed_at = NULL, expires_at = 'infinity'
+FROM t
+WHERE provider = $1 AND webhook_id = $2 AND fence = $3
+  -- As a CASE, so that no plan looks the row up by payload hash instead of the key.
+  AND CASE WHEN payload_hash = $4 THEN true ELSE false END
+  AND state = 'completed' AND due_at IS NOT NULL
+RETURNING fence;
+
+-- name: console_settle
+-- A person decided a failed receipt (needs review): stored as $4 ('completed': reconciled by
+-- hand, or 'failed': a final failure) with the answer $5-$7, fenced on the fence seen. A
+-- queued receipt keeps its stored 202, the sender's answer. $8: the ledger's time.
+UPDATE receiver_receipts
+SET state = $4,
+    response_status = CASE WHEN due_at IS NULL THEN $5 ELSE response_status END,
+    response_content_type = CASE WHEN due_at IS NULL THEN $6 ELSE response_content_type END,
+    response_body = CASE WHEN due_at IS NULL THEN $7 ELSE response_body END,
+    response_headers = CASE WHEN due_at IS NULL THEN NULL ELSE response_headers END,
+    completed_at = COALESCE(to_timestamp($8::float8), statement_timestamp()),
+    request_body = CASE WHEN $4 = 'completed' THEN NULL ELSE request_body END
+WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state = 'failed'
+RETURNING fence;
+
+-- name: console_audit_add
+-- One operator action, recorded before it takes effect (its outcome follows).
+INSERT INTO receiver_audit (at, actor, action, provider, webhook_id, fence, reason, outcome)
+VALUES (COALESCE(to_timestamp($1::float8), statement_timestamp()), $2, $3, $4, $5, $6, $7, $8)
+RETURNING id;
+
+-- name: console_audit_done
+UPDATE receiver_audit SET outcome = $2, detail = $3 WHERE id = $1
+RETURNING id;
+
+-- name: console_audit_list
+-- Newest first, below the id $1 (NULL: from the newest), at most $2.
+SELECT id, extract(epoch FROM at)::float8 AS at, actor, action, provider, webhook_id, fence,
+       reason, outcome, detail
+FROM receiver_audit
+WHERE ($1::int8 IS NULL OR id < $1::int8)
+ORDER BY id DESC
+LIMIT $2;
+
+-- name: console_audit_of
+-- One receipt's audit records, newest first.
+SELECT id, extract(epoch FROM at)::float8 AS at, actor, action, provider, webhook_id, fence,
+       reason, outcome, detail
+FROM receiver_audit
+WHERE provider = $1 AND webhook_id = $2
+ORDER BY id DESC
+LIMIT $3;

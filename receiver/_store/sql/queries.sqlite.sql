@@ -370,3 +370,211 @@ SET state = 'queued',
 WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
   AND due_at IS NOT NULL
 RETURNING fence;
+
+-- console
+-- The operator console's statements (receiver/_console/); see queries.postgresql.sql. Times are
+-- unix seconds (REAL) here, so a receipt's "mark" (the keyset cursor) is its claimed_at itself.
+
+-- name: console_providers
+WITH RECURSIVE p(provider) AS (
+    SELECT (SELECT min(provider) FROM receiver_receipts)
+    UNION ALL
+    SELECT (SELECT min(r.provider) FROM receiver_receipts r WHERE r.provider > p.provider)
+    FROM p
+    WHERE p.provider IS NOT NULL
+)
+SELECT provider FROM p WHERE provider IS NOT NULL;
+
+-- name: console_receipts
+SELECT provider, webhook_id, state, fence, event_type, attempts, last_error, claimed_at,
+       lease_until, expires_at, completed_at, response_status, queued, needs_review, mark,
+       COALESCE(?10, (julianday('now') - 2440587.5) * 86400.0) AS now
+FROM (
+    SELECT provider, webhook_id, state, fence, event_type, attempts, last_error, claimed_at,
+           lease_until, expires_at, completed_at, response_status,
+           due_at IS NOT NULL AS queued,
+           (state = 'failed'
+            AND instr(substr(response_body, 1, 200), CAST('"needs_review"' AS BLOB)) > 0)
+               AS needs_review,
+           claimed_at AS mark
+    FROM receiver_receipts
+    WHERE provider = ?1
+      AND claimed_at <= COALESCE(?2, 9e999)
+      AND (claimed_at < COALESCE(?2, 9e999) OR ?3 IS NULL OR webhook_id < ?3)
+      AND claimed_at >= COALESCE(?4, -9e999)
+    ORDER BY claimed_at DESC, webhook_id DESC
+    LIMIT ?8
+) walked
+WHERE (?5 = '' OR state = ?5)
+  AND (?6 = '' OR event_type = ?6)
+  AND (?7 = '' OR substr(webhook_id, 1, length(?7)) = ?7)
+ORDER BY claimed_at DESC, webhook_id DESC
+LIMIT ?9;
+
+-- name: console_horizon
+SELECT mark, webhook_id, claimed_at, read
+FROM (
+    SELECT claimed_at AS mark, webhook_id, claimed_at, count(*) OVER () AS read
+    FROM (
+        SELECT claimed_at, webhook_id
+        FROM receiver_receipts
+        WHERE provider = ?1
+          AND claimed_at <= COALESCE(?2, 9e999)
+          AND (claimed_at < COALESCE(?2, 9e999) OR ?3 IS NULL OR webhook_id < ?3)
+          AND claimed_at >= COALESCE(?4, -9e999)
+        ORDER BY claimed_at DESC, webhook_id DESC
+        LIMIT ?5
+    ) walked
+) counted
+ORDER BY claimed_at, webhook_id
+LIMIT 1;
+
+-- name: console_dead_letters
+SELECT provider, webhook_id, state, fence, event_type, attempts, last_error, claimed_at,
+       lease_until, expires_at, completed_at, response_status, due_at IS NOT NULL AS queued,
+       (state = 'failed'
+        AND instr(substr(response_body, 1, 200), CAST('"needs_review"' AS BLOB)) > 0)
+           AS needs_review,
+       claimed_at AS mark,
+       COALESCE(?7, (julianday('now') - 2440587.5) * 86400.0) AS now
+FROM receiver_receipts
+WHERE state IN ('released', 'failed')
+  AND (?1 = '' OR provider = ?1)
+  AND CASE ?2
+          WHEN 'released' THEN state = 'released' AND attempts > 0
+          WHEN 'needs_review' THEN state = 'failed' AND instr(substr(response_body, 1, 200),
+                                   CAST('"needs_review"' AS BLOB)) > 0
+          ELSE state = 'failed' AND instr(substr(response_body, 1, 200),
+                                   CAST('"needs_review"' AS BLOB)) = 0
+      END
+  AND (?3 IS NULL OR (claimed_at, provider, webhook_id) < (?3, ?4, ?5))
+ORDER BY claimed_at DESC, provider DESC, webhook_id DESC
+LIMIT ?6;
+
+-- name: console_in_flight
+SELECT provider, webhook_id, state, fence, event_type, attempts, last_error, claimed_at,
+       lease_until, expires_at, completed_at, response_status, due_at IS NOT NULL AS queued,
+       0 AS needs_review, claimed_at AS mark,
+       COALESCE(?7, (julianday('now') - 2440587.5) * 86400.0) AS now
+FROM receiver_receipts
+WHERE state = 'in_flight'
+  AND (?1 = '' OR provider = ?1)
+  AND (NOT ?2 OR lease_until <= COALESCE(?7, (julianday('now') - 2440587.5) * 86400.0))
+  AND (?3 IS NULL OR (claimed_at, provider, webhook_id) < (?3, ?4, ?5))
+ORDER BY claimed_at DESC, provider DESC, webhook_id DESC
+LIMIT ?6;
+
+-- name: console_needs_review_counts
+SELECT provider, count(*) AS n
+FROM receiver_receipts
+WHERE state = 'failed'
+  AND instr(substr(response_body, 1, 200), CAST('"needs_review"' AS BLOB)) > 0
+GROUP BY provider;
+
+-- name: console_delivery_chart
+WITH RECURSIVE b(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM b WHERE i + 1 < ?4)
+SELECT b.i,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM receiver_receipts
+            WHERE provider = ?1 AND claimed_at >= ?2 + b.i * ?3
+              AND claimed_at < ?2 + (b.i + 1) * ?3
+            LIMIT ?5)) AS n,
+       (SELECT min(claimed_at) FROM (
+            SELECT claimed_at FROM receiver_receipts
+            WHERE provider = ?1 AND claimed_at >= ?2 + b.i * ?3
+              AND claimed_at < ?2 + (b.i + 1) * ?3
+            ORDER BY claimed_at DESC
+            LIMIT ?5)) AS earliest
+FROM b
+ORDER BY b.i;
+
+-- name: console_failure_chart
+WITH RECURSIVE b(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM b WHERE i + 1 < ?3)
+SELECT b.i,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM receiver_attempts
+            WHERE failed_at >= ?1 + b.i * ?2 AND failed_at < ?1 + (b.i + 1) * ?2
+            LIMIT ?4)) AS n,
+       (SELECT min(failed_at) FROM (
+            SELECT failed_at FROM receiver_attempts
+            WHERE failed_at >= ?1 + b.i * ?2 AND failed_at < ?1 + (b.i + 1) * ?2
+            ORDER BY failed_at DESC
+            LIMIT ?4)) AS earliest
+FROM b
+ORDER BY b.i;
+
+-- name: console_replay_chart
+WITH RECURSIVE b(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM b WHERE i + 1 < ?3)
+SELECT b.i,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM receiver_audit
+            WHERE at >= ?1 + b.i * ?2 AND at < ?1 + (b.i + 1) * ?2
+              AND action IN ('replay', 'rerun')
+            LIMIT ?4)) AS n,
+       (SELECT min(at) FROM (
+            SELECT at FROM receiver_audit
+            WHERE at >= ?1 + b.i * ?2 AND at < ?1 + (b.i + 1) * ?2
+              AND action IN ('replay', 'rerun')
+            ORDER BY at DESC
+            LIMIT ?4)) AS earliest
+FROM b
+ORDER BY b.i;
+
+-- name: console_reopen_completed
+UPDATE receiver_receipts
+SET state = 'released',
+    request_body = ?6,
+    lease_until = COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0),
+    completed_at = NULL,
+    response_status = NULL,
+    response_content_type = NULL,
+    response_body = NULL,
+    response_headers = NULL
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND payload_hash = ?4
+  AND state = 'completed' AND due_at IS NULL
+RETURNING fence;
+
+-- name: console_requeue_completed
+UPDATE receiver_receipts
+SET state = 'queued', request_body = ?6,
+    due_at = COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0),
+    lease_until = COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0),
+    attempts = 0, completed_at = NULL, expires_at = 9e999
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND payload_hash = ?4
+  AND state = 'completed' AND due_at IS NOT NULL
+RETURNING fence;
+
+-- name: console_settle
+UPDATE receiver_receipts
+SET state = ?4,
+    response_status = CASE WHEN due_at IS NULL THEN ?5 ELSE response_status END,
+    response_content_type = CASE WHEN due_at IS NULL THEN ?6 ELSE response_content_type END,
+    response_body = CASE WHEN due_at IS NULL THEN ?7 ELSE response_body END,
+    response_headers = CASE WHEN due_at IS NULL THEN NULL ELSE response_headers END,
+    completed_at = COALESCE(?8, (julianday('now') - 2440587.5) * 86400.0),
+    request_body = CASE WHEN ?4 = 'completed' THEN NULL ELSE request_body END
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'failed'
+RETURNING fence;
+
+-- name: console_audit_add
+INSERT INTO receiver_audit (at, actor, action, provider, webhook_id, fence, reason, outcome)
+VALUES (COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0), ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+RETURNING id;
+
+-- name: console_audit_done
+UPDATE receiver_audit SET outcome = ?2, detail = ?3 WHERE id = ?1
+RETURNING id;
+
+-- name: console_audit_list
+SELECT id, at, actor, action, provider, webhook_id, fence, reason, outcome, detail
+FROM receiver_audit
+WHERE (?1 IS NULL OR id < ?1)
+ORDER BY id DESC
+LIMIT ?2;
+
+-- name: console_audit_of
+SELECT id, at, actor, action, provider, webhook_id, fence, reason, outcome, detail
+FROM receiver_audit
+WHERE provider = ?1 AND webhook_id = ?2
+ORDER BY id DESC
+LIMIT ?3;

@@ -1,0 +1,18 @@
+"""The operator console: server-rendered pages over the ledger, and the few actions an operator
+takes on it (replay, a confirmed re-run, settling what needs review), each an audit record.
+
+It holds the ASGI app and its routes (``app``), token sessions and CSRF (``auth``), the
+read side (``queries``: bounded, index-backed lists) and the write side (``actions``), the
+pages (``pages``, ``html`` and the ``*.html`` templates, ``console.css``), server-rendered SVG
+charts (``charts``) and the redaction of what it shows (``redaction``). It loads nothing from
+the internet and needs no JavaScript.
+
+It imports the shared layers only (the store, the ledger, operations, verification) and the
+Receiver structurally (``app.ReceiverLike``), so the entry points may mount it without a cycle.
+"""
+
+from __future__ import annotations
+
+from .app import Console
+
+__all__ = ["Console"]

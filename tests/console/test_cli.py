@@ -1,0 +1,94 @@
+"""``receiver console`` as a real process: it refuses to start without a token, and serves
+the console behind it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from .conftest import free_port
+from .shop import TOKEN
+
+RECEIVER = [str(Path(sys.executable).parent / "receiver")]
+
+
+def run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*RECEIVER, *args], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_it_needs_a_token(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIVER_")}
+    store = f"sqlite:///{tmp_path / 'ledger.db'}"
+    missing = run("console", "--store", store, env=env)
+    assert missing.returncode == 2
+    assert "RECEIVER_CONSOLE_TOKEN" in missing.stderr
+    short = run("console", "--store", store, env={**env, "RECEIVER_CONSOLE_TOKEN": "short"})
+    assert short.returncode == 2
+    assert "at least 16 characters" in short.stderr
+    no_file = run("console", "--store", store, "--token-file", str(tmp_path / "none"), env=env)
+    assert no_file.returncode == 2
+    assert "cannot read --token-file" in no_file.stderr
+    assert not (tmp_path / "ledger.db").exists()
+
+
+def test_it_serves_the_console_behind_the_token(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIVER_")}
+    process = subprocess.Popen(
+        [
+            *RECEIVER,
+            "console",
+            "--store",
+            f"sqlite:///{tmp_path / 'ledger.db'}",
+            "--token-file",
+            str(token_file),
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                refused = httpx.get(url + "/")
+                break
+            except httpx.ConnectError:
+                assert process.poll() is None, process.stdout.read() if process.stdout else ""
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert refused.status_code == 401
+        with httpx.Client(base_url=url) as client:
+            login = client.get("/login")
+            assert login.status_code == 200
+            signed = client.post(
+                "/login",
+                data={
+                    "csrf": client.cookies["receiver_console_csrf"],
+                    "name": "Ada",
+                    "token": TOKEN,
+                    "next": "/",
+                },
+            )
+            assert signed.status_code == 303
+            overview = client.get("/")
+            assert overview.status_code == 200
+            assert "signed in as Ada" in overview.text
+            assert "no handlers: replays are off" in overview.text
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
