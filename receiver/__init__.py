@@ -35,6 +35,7 @@ from ._store.base import Connection, Store
 from ._store.postgres import PostgresStore
 from ._store.sqlite import SQLiteStore
 from ._store.url import store_from_url
+from ._verification.keys import VerifiedBody
 from ._verification.schemes import (
     GitHub,
     Shopify,
@@ -45,6 +46,8 @@ from ._verification.schemes import (
     sign_slack,
     sign_stripe,
 )
+from ._verification.senders import Linear, Paddle, Zoom, sign_linear, sign_paddle, sign_zoom
+from ._verification.twilio import Twilio, sign_twilio, twilio_json_url
 from ._verification.verifier import (
     StandardWebhooks,
     VerifiedDelivery,
@@ -91,9 +94,11 @@ __all__ = [
     "JSONFormatter",
     "KeyState",
     "LeaseLost",
+    "Linear",
     "MalformedRequest",
     "Metrics",
     "Outcome",
+    "Paddle",
     "PostgresStore",
     "Provider",
     "ProviderConfig",
@@ -118,10 +123,13 @@ __all__ = [
     "Stripe",
     "Tool",
     "ToolCall",
+    "Twilio",
     "VerificationError",
+    "VerifiedBody",
     "VerifiedDelivery",
     "Verifier",
     "Worker",
+    "Zoom",
     "action_key",
     "dedup_window",
     "exponential",
@@ -131,8 +139,13 @@ __all__ = [
     "load_config",
     "sign",
     "sign_github",
+    "sign_linear",
+    "sign_paddle",
     "sign_shopify",
     "sign_slack",
     "sign_stripe",
+    "sign_twilio",
+    "sign_zoom",
     "store_from_url",
+    "twilio_json_url",
 ]

@@ -33,6 +33,8 @@ from typing import Any
 from .._exceptions import ConfigurationError
 from .._queue.backoff import Backoff
 from .._store.url import store_from_url
+from .._verification.keys import dedup_key as check_dedup_key
+from .._verification.twilio import Twilio
 from .._webhooks.app import DEFAULT_MAX_BODY, DEFAULT_STORE, Receiver
 from .._webhooks.forwarded import TrustedProxies
 from .._webhooks.providers import _NAME, DEFAULT_TOLERANCE
@@ -46,8 +48,13 @@ SCHEMES: Mapping[str, str] = {
     "github": "github",
     "shopify": "shopify",
     "slack": "slack",
+    "paddle": "paddle",
+    "zoom": "zoom",
+    "linear": "linear",
+    "twilio": "twilio",
 }
-_TIMED = ("standard-webhooks", "stripe", "slack")  # schemes that sign a timestamp
+# Schemes that sign a timestamp.
+_TIMED = ("standard-webhooks", "stripe", "slack", "paddle", "zoom", "linear")
 
 # The defaults of Receiver() and Provider(), stated here so that Config shows effective values;
 # tests/unit/test_config.py checks that they still agree with the signatures.
@@ -78,6 +85,10 @@ _PROVIDER_KEYS = (
     "retry_attempts",
     "retry_base",
     "retry_cap",
+    # Where the ledger's id comes from: a dotted path into the payload, or a list of them.
+    "dedup_key",
+    # Twilio signs the URL it requested: the webhook URL as configured in Twilio.
+    "url",
 )
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -263,6 +274,8 @@ class _Parser:
                 f"(answered 202, handlers run on workers), got {show(mode)}",
             )
         retry = self.retry(key, table)
+        dedup_key = self.dedup_key((*key, "dedup_key"), table.get("dedup_key"))
+        url = self.url(key, scheme, table.get("url"))
         return ProviderConfig(
             name=name,
             scheme=scheme,
@@ -274,7 +287,49 @@ class _Parser:
             window=window,
             mode=mode,
             retry=retry,
+            dedup_key=dedup_key,
+            url=url,
         )
+
+    def dedup_key(self, key: Key, value: object) -> tuple[str, ...] | None:
+        """``dedup_key``: one dotted path into the payload, or a list of them."""
+        if value is None:
+            return None
+        paths = [value] if isinstance(value, str) else value
+        if not isinstance(paths, list) or not paths:
+            raise self.error(
+                key,
+                'expected a dotted path into the payload, e.g. "record.id", or a list of them, '
+                f'e.g. ["record.id", "commit_timestamp"], got {show(value)}',
+            )
+        name = str(key[1])
+        try:
+            check_dedup_key(paths, name)
+        except ConfigurationError as exc:
+            raise self.error(key, str(exc).removeprefix(f"provider {name!r}: ")) from exc
+        return tuple(paths)
+
+    def url(self, key: Key, scheme: str, value: object) -> str | None:
+        """``url``: required by Twilio (the URL it signs), refused elsewhere."""
+        if scheme != "twilio":
+            if value is not None:
+                raise self.error(
+                    (*key, "url"), f"{scheme} signatures do not cover the URL; remove this key"
+                )
+            return None
+        if value is None:
+            raise self.error(
+                (*key, "url"),
+                "missing: Twilio signs the URL it requests; give the webhook URL exactly as "
+                'configured in Twilio, e.g. url = "https://example.com/webhooks/twilio"',
+            )
+        if not isinstance(value, str):
+            raise self.error((*key, "url"), f"expected the webhook URL, got {show(value)}")
+        try:
+            Twilio(["placeholder"], url=value)  # the URL's checks, without the secret
+        except ConfigurationError as exc:
+            raise self.error((*key, "url"), str(exc).removeprefix("Twilio: ")) from exc
+        return value
 
     def retry(self, key: Key, table: Mapping[str, Any]) -> Backoff:
         """The queued mode's retries: ``retry_attempts``, ``retry_base``, ``retry_cap``."""

@@ -16,6 +16,8 @@ from .._exceptions import ConfigurationError
 from .._queue.backoff import Backoff
 from .._store.base import Store
 from .._verification.schemes import GitHub, Shopify, Slack, Stripe, _key
+from .._verification.senders import Linear, Paddle, Zoom
+from .._verification.twilio import Twilio
 from .._verification.verifier import StandardWebhooks, Verifier, _load_secret
 from .._webhooks.app import Receiver
 from .._webhooks.handlers import Mode
@@ -44,6 +46,10 @@ class ProviderConfig:
     #: "inline", or "queued": answered 202, handlers run on workers with these retries.
     mode: Mode = "inline"
     retry: Backoff = field(default_factory=Backoff)
+    #: Dotted paths into the payload the ledger's id is made of; None: the scheme's own id.
+    dedup_key: tuple[str, ...] | None = None
+    #: Twilio only: the webhook URL as configured in Twilio (it signs the URL).
+    url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -110,7 +116,8 @@ class Config:
             secrets.append(value)
         return Provider(
             config.name,
-            verifier=_verifier(config.scheme, secrets, config.tolerance),
+            verifier=_verifier(config.scheme, secrets, config.tolerance, config.url),
+            dedup_key=config.dedup_key,
             schedule=config.window.schedule,
             review_margin=config.review_margin,
             ttl=config.ttl,
@@ -145,12 +152,23 @@ class Config:
         return located(self.path, self._lines, key, message)
 
 
-def _verifier(scheme: str, secrets: list[str], tolerance: float | None) -> Verifier:
+def _verifier(
+    scheme: str, secrets: list[str], tolerance: float | None, url: str | None = None
+) -> Verifier:
     timed = {} if tolerance is None else {"tolerance": tolerance}
     if scheme == "stripe":
         return Stripe(secrets, **timed)
     if scheme == "slack":
         return Slack(secrets, **timed)
+    if scheme == "paddle":
+        return Paddle(secrets, **timed)
+    if scheme == "zoom":
+        return Zoom(secrets, **timed)
+    if scheme == "linear":
+        return Linear(secrets, **timed)
+    if scheme == "twilio":
+        assert url is not None  # the loader requires it
+        return Twilio(secrets, url=url)
     if scheme == "github":
         return GitHub(secrets)
     if scheme == "shopify":

@@ -20,6 +20,16 @@ hold exactly the way the fast path does, so that the path a body takes never cha
 
 A payload nested deeper than orjson serializes (254 levels) cannot be normalized at all: it is
 an invalid payload (400, recorded), like a body that is not JSON.
+
+A form body (``application/x-www-form-urlencoded``, as Twilio posts) is a payload too when the
+scheme gives the event type (the type is then not read from the body): its payload is a dict of
+each name's value (a list of values for a repeated name), hashed in a domain of its own so that
+it never equals a JSON payload's hash.
+
+One field of one sender is left out of a webhook payload's fingerprint: a top-level integer
+``"webhookTimestamp"``, Linear's time of the attempt, inside the signed body and refreshed on
+every retry (its SDK refuses one older than a minute). Kept in, every Linear retry would be a
+payload mismatch. The handlers' payload keeps it.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import decimal
 import hashlib
 import json
 import re
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +73,10 @@ _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
 # them still match), and numbers a double cannot hold.
 _BIG_INT_DOMAIN = b"receiver:exact-json:"
 _DECIMAL_DOMAIN = b"receiver:exact-decimal:"
+_FORM_DOMAIN = b"receiver:form:"
+# A sender's per-attempt field inside the signed body (Linear): not part of the event.
+_ATTEMPT_FIELD = "webhookTimestamp"
+_MAX_FORM_FIELDS = 1000
 
 #: The deepest nesting a payload may have (orjson's serializer refuses deeper ones).
 MAX_DEPTH = 254
@@ -84,9 +99,12 @@ def parse(body: bytes, event_type: str | None) -> Parsed:
     insignificant whitespace, numbers by the rule above), so a re-serialized redelivery still
     matches its receipt."""
     try:
-        payload, normalized_form = normalized(body)
+        payload, normalized_form = normalized(body, attempt_field=_ATTEMPT_FIELD)
     except NotJSON as exc:
-        return Parsed(None, "", hashlib.sha256(body).digest(), str(exc))
+        form = _form(body) if event_type is not None else None
+        if form is None:
+            return Parsed(None, "", hashlib.sha256(body).digest(), str(exc))
+        payload, normalized_form = form
     if event_type is None:
         event_type = payload.get("type") if isinstance(payload, dict) else None
         if not isinstance(event_type, str) or not _EVENT_TYPE.fullmatch(event_type):
@@ -100,9 +118,43 @@ def parse(body: bytes, event_type: str | None) -> Parsed:
     return Parsed(payload, event_type, hashlib.sha256(normalized_form).digest())
 
 
-def normalized(body: bytes) -> tuple[Any, bytes]:
+def _form(body: bytes) -> tuple[dict[str, Any], bytes] | None:
+    """A form body's payload and normalized form, or None if it is not a form."""
+    try:
+        pairs = urllib.parse.parse_qsl(
+            body.decode("utf-8"),
+            keep_blank_values=True,
+            strict_parsing=True,
+            max_num_fields=_MAX_FORM_FIELDS,
+        )
+    except ValueError:  # also UnicodeDecodeError
+        return None
+    if not pairs:
+        return None
+    payload: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in payload:
+            earlier = payload[name]
+            payload[name] = [*earlier, value] if isinstance(earlier, list) else [earlier, value]
+        else:
+            payload[name] = value
+    return payload, _FORM_DOMAIN + orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
+
+
+def _without(payload: Any, field: str | None) -> Any:
+    """The payload without a top-level integer ``field`` (the fingerprint's view of it)."""
+    if field is None or not isinstance(payload, dict):
+        return payload
+    value = payload.get(field)
+    if isinstance(value, bool) or not isinstance(value, int):
+        return payload
+    return {k: v for k, v in payload.items() if k != field}
+
+
+def normalized(body: bytes, *, attempt_field: str | None = None) -> tuple[Any, bytes]:
     """The payload (numbers as ints and floats, for handlers) and its normalized form (for
-    the fingerprint); NotJSON if the body is not JSON or is nested too deep."""
+    the fingerprint, without a top-level integer ``attempt_field``); NotJSON if the body is
+    not JSON or is nested too deep."""
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -111,8 +163,9 @@ def normalized(body: bytes) -> tuple[Any, bytes]:
     try:
         if any(mark in shape for mark in _INEXACT):
             # orjson accepted it, so it is strict JSON: read it again with exact numbers.
-            return json.loads(body), _exact(json.loads(body, parse_float=decimal.Decimal))
-        return payload, orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
+            exact = json.loads(body, parse_float=decimal.Decimal)
+            return json.loads(body), _exact(_without(exact, attempt_field))
+        return payload, orjson.dumps(_without(payload, attempt_field), option=orjson.OPT_SORT_KEYS)
     except (orjson.JSONEncodeError, RecursionError):
         raise NotJSON(f"the payload is nested deeper than {MAX_DEPTH} levels") from None
 

@@ -1,5 +1,8 @@
 """Verifiers for senders with their own signature schemes: Stripe, GitHub, Shopify and Slack.
 
+(Paddle Billing, Zoom and Linear are in :mod:`.senders`, Twilio in :mod:`.twilio`; they share
+the helpers below.)
+
 Each class is a :class:`~receiver._verification.verifier.Verifier`; plug it into a provider with
 ``Provider("stripe", verifier=Stripe(secrets=[...]), schedule="stripe")``. All four sign with
 HMAC-SHA256 under a shared secret, given as ``str`` (its UTF-8 bytes are the key, verbatim) or
@@ -31,8 +34,8 @@ https://docs.github.com/en/webhooks/webhook-events-and-payloads#delivery-headers
 SHA-1 ``X-Hub-Signature`` is never accepted. ``X-GitHub-Delivery`` identifies the event and is
 kept on redelivery. The event type is ``X-GitHub-Event``, plus ``"." + action`` when the JSON
 body has a string ``"action"`` (``"issues.opened"``), so ``"issues.*"`` patterns work. Configure
-the webhook's content type as ``application/json``: a form-encoded body verifies but the
-pipeline refuses it as not JSON.
+the webhook's content type as ``application/json``: a form-encoded body (``Content-Type:
+application/x-www-form-urlencoded``) verifies, then is refused with 400 ``content_type``.
 
 Shopify (https://shopify.dev/docs/apps/build/webhooks/verify-deliveries and .../delivery-structure):
 the key is the app's client secret. The id is ``X-Shopify-Webhook-Id``, which the current
@@ -231,6 +234,11 @@ class _HmacScheme:
 
     __slots__ = ("_macs",)
 
+    #: The response headers that tell the sender not to retry a delivery that failed for good;
+    #: empty where the sender documents no such answer (Stripe, GitHub, Shopify: any non-2xx
+    #: is retried on their schedule, or, for GitHub, never).
+    stop_retry: tuple[tuple[str, str], ...] = ()
+
     def __init__(self, secrets: Sequence[str | bytes]) -> None:
         self._macs = _keyed(secrets, type(self).__name__)
 
@@ -327,6 +335,15 @@ class GitHub(_HmacScheme):
         if digest is None:
             raise MalformedRequest("signature", "X-Hub-Signature-256 must be sha256=<64 hex>")
         self._verify((digest,), body)
+        content_type = headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type == "application/x-www-form-urlencoded":
+            # Its JSON sits in a "payload" field, and the type's action cannot be read: say
+            # what to change rather than run handlers on a payload of one string.
+            raise MalformedRequest(
+                "content_type",
+                "the webhook's content type is form-encoded: set it to application/json in "
+                "the webhook's settings",
+            )
 
         # Most bodies (push, for one) have no action: skip a parse of a large body for them.
         payload = _json_object(body) if b'"action"' in body else None
@@ -360,6 +377,10 @@ class Slack(_TimedScheme):
     ``"event_id"``."""
 
     __slots__ = ()
+
+    #: A response with this header is not retried by the Events API ("Turning retries off",
+    #: https://api.slack.com/events-api#the-events-api__field-guide__error-handling__graceful-retries__turning-retries-off).
+    stop_retry: tuple[tuple[str, str], ...] = (("x-slack-no-retry", "1"),)
 
     def verify(self, headers: Headers, body: bytes, now: float) -> VerifiedDelivery:
         value = _header(headers, "x-slack-signature", "signature")

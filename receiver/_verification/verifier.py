@@ -158,6 +158,11 @@ class StandardWebhooks:
 
     __slots__ = ("_ed25519", "_hmacs", "tolerance")
 
+    #: Svix, the reference sender, stops retrying a message when the response carries this
+    #: header ("Delivery Control", https://docs.svix.com/receiving/delivery-control); other
+    #: Standard Webhooks senders ignore a header they do not know.
+    stop_retry: tuple[tuple[str, str], ...] = (("webhook-delivery", "abort-message"),)
+
     def __init__(self, secrets: Sequence[str | bytes], *, tolerance: float = 300.0) -> None:
         if isinstance(secrets, str | bytes):
             # A lone string is a Sequence too; iterating it would give one "secret" per character.

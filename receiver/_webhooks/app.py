@@ -34,7 +34,7 @@ from .._store.url import store_from_url
 from .events import Event
 from .forwarded import TrustedProxies
 from .handlers import Effects, Handler, HandlerFunc, Mode, ReconcileFunc, Registry
-from .outcomes import Outcome, Reply
+from .outcomes import UNAVAILABLE, Outcome, Reply
 from .pipeline import Pipeline
 from .providers import Provider
 from .replay import replay
@@ -514,10 +514,12 @@ class Receiver:
         self, provider: Provider, headers: Headers, body: bytes, client: str | None = None
     ) -> Reply:
         """``pipeline.deliver`` in a span of its own when an OpenTelemetry SDK is configured."""
-        if not self._opened and not await self._open_on_first_delivery():
-            return self._starting(provider, headers)
+        if not self._opened:
+            kind = await self._open_on_first_delivery()
+            if kind is not None:
+                return self._starting(provider, headers, kind)
         if self._pending_startup is not None:
-            return self._starting(provider, headers)
+            return self._starting(provider, headers, "unavailable")
         tracer = self.tracing.tracer()
         if tracer is None:
             return await self.pipeline.deliver(provider, headers, body, client)
@@ -526,28 +528,34 @@ class Receiver:
             span.finish(reply.outcome.value, reply.response.status_code, reply.fence, reply.detail)
         return reply
 
-    async def _open_on_first_delivery(self) -> bool:
+    async def _open_on_first_delivery(self) -> str | None:
         """Open the store and run the startup hooks before the first delivery of a Receiver
-        that no lifespan opened. False (the delivery is answered 503) if the store cannot be
-        opened or its schema is not current; the next delivery tries again."""
+        that no lifespan opened. If the store cannot be opened or its schema is not current,
+        the kind of store error (the delivery is answered 503; the next one tries again)."""
         async with self._open_lock:
             if not self._opened:
                 try:
                     await self.open(defer_startup=True)
-                except (StoreUnavailable, SchemaOutdated) as exc:
+                except StoreUnavailable as exc:
+                    if exc.kind != "unavailable":  # not a blip: say what to fix
+                        get_logger("receiver").error("ALERT: delivery refused with 503: %s", exc)
+                    return exc.kind
+                except SchemaOutdated as exc:
                     get_logger("receiver").error("ALERT: delivery refused with 503: %s", exc)
-                    return False
-        return True
+                    return "misconfigured"
+        return None
 
-    def _starting(self, provider: Provider, headers: Headers) -> Reply:
+    def _starting(self, provider: Provider, headers: Headers, kind: str) -> Reply:
+        """503 before the pipeline: the store could not be opened, or the startup hooks have
+        not run yet. Counted as a store error of ``kind``, like the pipeline's own 503."""
         response = error(
             503,
             "store_unavailable",
-            "the receiver is starting: its store is unavailable; retry later",
+            UNAVAILABLE.get(kind, UNAVAILABLE["unavailable"]),
             {"retry-after": str(self.pipeline.retry_after)},
         )
         return self.pipeline.refused(
-            provider.name, headers, response, "starting", Outcome.STORE_UNAVAILABLE
+            provider.name, headers, response, kind, Outcome.STORE_UNAVAILABLE
         )
 
     def _refused(

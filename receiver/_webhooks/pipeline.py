@@ -124,6 +124,7 @@ class Pipeline:
         hit = None if self.cache is None else self.cache.get(key, now)
         if hit is not None and hit.body_hash == hashlib.sha256(body).digest():
             reply = Reply(replay(hit.response, replayed=True), Outcome.REPLAYED)
+            reply = provider.stop_retries(reply)
             self._report(provider.name, key.webhook_id, hit.event_type, reply, started, headers)
             return reply
         job = self._prepare(
@@ -156,6 +157,8 @@ class Pipeline:
                 reply = await (self._enqueue(job) if queued else self._claim_and_run(job))
             except StoreUnavailable as exc:
                 reply = self._unavailable(exc)
+        # A delivery that failed for good: tell the sender not to retry, where it has a way.
+        reply = provider.stop_retries(reply)
         self._report(provider.name, key.webhook_id, job.parsed.event_type, reply, started, headers)
         self._check_drift(job)
         return reply

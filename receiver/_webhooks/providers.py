@@ -1,4 +1,5 @@
-"""A provider: one sender, with its route, its secrets, its retry schedule and its leases."""
+"""A provider: one sender, with its route, its secrets, its dedup key, its retry schedule and
+its leases, and how it is told to stop retrying."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ from collections.abc import Sequence
 
 from .._exceptions import ConfigurationError
 from .._queue.backoff import Backoff
+from .._verification.keys import KeyedVerifier, KeySource, stop_retry_of
+from .._verification.keys import dedup_key as check_dedup_key
 from .._verification.verifier import StandardWebhooks, Verifier
 from .handlers import Mode
+from .outcomes import Outcome, Reply
 from .schedules import DAY, DedupWindow, RetrySchedule, dedup_window
 
 DEFAULT_TOLERANCE = 300.0
@@ -42,6 +46,7 @@ class Provider:
         lease: float = 60.0,
         mode: Mode = "inline",
         retry: Backoff | None = None,
+        dedup_key: KeySource = None,
     ) -> None:
         if not isinstance(name, str) or not _NAME.match(name):
             raise ConfigurationError(
@@ -75,10 +80,16 @@ class Provider:
             raise ConfigurationError(
                 f"provider {name!r}: retry must be a Backoff(attempts=, base=, cap=), not {retry!r}"
             )
+        key = check_dedup_key(dedup_key, name)
         self.name = name
         self.mode: Mode = mode
         self.retry = retry if retry is not None else Backoff()
-        self.verifier = verifier
+        #: The scheme's verifier as configured (the kit's sender signs for it).
+        self.scheme: Verifier = verifier
+        #: What the pipeline calls: the scheme's verifier, its id replaced by the dedup key.
+        self.verifier: Verifier = verifier if key is None else KeyedVerifier(verifier, key)
+        #: Headers that tell this sender not to retry (empty if it documents none).
+        self.stop_retry = stop_retry_of(verifier)
         self.lease = float(lease)
         self.window: DedupWindow = dedup_window(
             schedule, review_margin=review_margin, ttl=ttl, provider=name
@@ -90,6 +101,27 @@ class Provider:
                 "holds it; raise ttl or lower lease"
             )
 
+    def stop_retries(self, reply: Reply) -> Reply:
+        """The reply, with this sender's "do not retry" answer added when the delivery failed
+        for good: a payload mismatch (422), an invalid payload (400), or a final 4xx answer a
+        handler gave (or its replay), but never 408, 409, 425 or 429, which ask for a retry.
+        Every other reply is returned as it is."""
+        if not self.stop_retry or not _permanent(reply):
+            return reply
+        for name, value in self.stop_retry:
+            reply.response.headers[name] = value
+        return reply
+
     def __repr__(self) -> str:
         # Never the secrets: the verifier's own repr hides them too.
         return f"Provider({self.name!r}, window={self.window.window:.0f}s, lease={self.lease}s)"
+
+
+# 4xx answers that ask the sender to come back later: never told to stop.
+_RETRYABLE = frozenset({408, 409, 425, 429})
+_FINAL = frozenset({Outcome.EXECUTED, Outcome.REPLAYED, Outcome.MISMATCH, Outcome.INVALID})
+
+
+def _permanent(reply: Reply) -> bool:
+    status = reply.response.status_code
+    return reply.outcome in _FINAL and 400 <= status < 500 and status not in _RETRYABLE

@@ -277,9 +277,62 @@ _SLACK = _preset(
     "Slack docs, Using the Events API, Retries: https://docs.slack.dev/apis/events-api/#retries",
 )
 
+_PADDLE = _preset(
+    "paddle",
+    # "For live accounts, Paddle retries failed deliveries up to 60 times over 3 days using
+    # exponential backoff" (sandbox retries fewer times). The intervals are not published:
+    # modelled as 60 equal waits of 72 minutes, so that the last retry lands at 3 days; only
+    # the span feeds the dedup window.
+    [0, *[72 * MINUTE] * 60],
+    "Paddle docs, Handle webhook delivery: "
+    "https://developer.paddle.com/webhooks/about/respond-to-webhooks",
+)
+
+_ZOOM = _preset(
+    "zoom",
+    # Without a 200 or 204 within 3 s, Zoom sends the event 3 more times: 5 minutes after the
+    # first attempt, 20 minutes after the first retry, 60 minutes after the second.
+    [0, 5 * MINUTE, 20 * MINUTE, 60 * MINUTE],
+    "Zoom Developer Support, Webhook delays: "
+    "https://devsupport.zoom.us/hc/en-us/articles/360059893812-Webhook-delays",
+)
+
+_LINEAR = _preset(
+    "linear",
+    # A delivery that fails (unavailable, slower than 5 s, or not 200) "will be retried a
+    # maximum of 3 times ... after 1 minute, 1 hour, and 6 hours".
+    [0, 1 * MINUTE, 1 * HOUR, 6 * HOUR],
+    "Linear docs, Webhooks: https://linear.app/developers/webhooks",
+)
+
+_TWILIO = _preset(
+    "twilio",
+    # Twilio does not retry a webhook that answered: it retries only a failed connection or a
+    # timeout, and only when the URL's connection overrides ask for it (#rc=, at most 5
+    # retries, within the request's total timeout of seconds). One attempt, then; the review
+    # margin covers a request replayed by hand.
+    [0],
+    "Twilio docs, Webhook connection overrides: "
+    "https://www.twilio.com/docs/usage/webhooks/webhooks-connection-overrides",
+)
+
 #: Published retry schedules by provider name. Read-only.
 PRESETS: Mapping[str, RetrySchedule] = MappingProxyType(
-    {s.name: s for s in (_SVIX, _STANDARD_WEBHOOKS, _STRIPE, _GITHUB, _SHOPIFY, _SLACK)}
+    {
+        s.name: s
+        for s in (
+            _SVIX,
+            _STANDARD_WEBHOOKS,
+            _STRIPE,
+            _GITHUB,
+            _SHOPIFY,
+            _SLACK,
+            _PADDLE,
+            _ZOOM,
+            _LINEAR,
+            _TWILIO,
+        )
+    }
 )
 
 

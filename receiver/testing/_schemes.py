@@ -6,17 +6,28 @@ the time of that attempt, as Svix, Stripe and Slack do. Each scheme puts the id 
 where its verifier (receiver/_verification/schemes.py, receiver/_verification/verifier.py)
 reads them:
 
-    scheme             id                        type
-    standard-webhooks  webhook-id header         body "type"
-    stripe             body "id"                 body "type"
-    github             X-GitHub-Delivery         X-GitHub-Event [+ "." + body "action"]
-    shopify            X-Shopify-Webhook-Id      X-Shopify-Topic
-    slack              body "event_id"           body event.type
+    scheme             id                           type
+    standard-webhooks  webhook-id header            body "type"
+    stripe             body "id"                    body "type"
+    github             X-GitHub-Delivery            X-GitHub-Event [+ "." + body "action"]
+    shopify            X-Shopify-Webhook-Id         X-Shopify-Topic
+    slack              body "event_id"              body event.type
+    paddle             body "event_id"              body "event_type"
+    zoom               made from the event          body "event"
+    linear             Linear-Delivery header       body "type" + "." + "action"
+    twilio             I-Twilio-Idempotency-Token   "call.<CallStatus>" / "message.<MessageStatus>"
+
+Two senders change the body between attempts, as the real ones do: Linear refreshes
+``webhookTimestamp`` in the signed body on every attempt (the receiver leaves it out of the
+fingerprint), and Twilio posts a form, not JSON, signed over the URL it requests.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import re
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,11 +45,23 @@ from .._verification.schemes import (
     sign_slack,
     sign_stripe,
 )
+from .._verification.senders import Linear, Paddle, Zoom, sign_linear, sign_paddle, sign_zoom
+from .._verification.twilio import Twilio, sign_twilio
 from .._verification.verifier import StandardWebhooks, Verifier, sign
 
 Headers = list[tuple[str, str]]
 
-SCHEMES = ("standard-webhooks", "stripe", "github", "shopify", "slack")
+SCHEMES = (
+    "standard-webhooks",
+    "stripe",
+    "github",
+    "shopify",
+    "slack",
+    "paddle",
+    "zoom",
+    "linear",
+    "twilio",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +77,42 @@ class Webhook:
         return f"Webhook({self.provider}/{self.id} {self.type})"
 
 
+def _zoom_id(_: str, body: bytes) -> str:
+    """The id Zoom's verifier makes: event, event_ts and a digest of the body."""
+    payload = orjson.loads(body)
+    return f"{payload['event']}:{payload['event_ts']}:{hashlib.sha256(body).hexdigest()[:32]}"
+
+
+def _linear_body(id_: str, type_: str, data: Any, created: float) -> bytes:
+    kind, _, action = type_.partition(".")
+    payload: dict[str, Any] = {"action": action or "update", "type": kind, "data": data or {}}
+    payload["createdAt"] = _iso(created)
+    payload["organizationId"] = "kit-organization"
+    payload["webhookTimestamp"] = int(created * 1000)
+    return _json(payload)
+
+
+_LINEAR_STAMP = re.compile(rb'"webhookTimestamp":\d+')
+
+
+def _linear_attempt(body: bytes, ts: int) -> bytes:
+    """Linear dates each attempt inside the signed body."""
+    return _LINEAR_STAMP.sub(b'"webhookTimestamp":%d' % (ts * 1000), body, count=1)
+
+
+def _twilio_body(id_: str, type_: str, data: Any, created: float) -> bytes:
+    kind, _, status = type_.partition(".")
+    params = {str(k): str(v) for k, v in (data or {}).items()}
+    params.setdefault("AccountSid", "ACkit0000000000000000000000000000")
+    if kind == "call" and status:
+        params.setdefault("CallSid", "CA" + id_)
+        params["CallStatus"] = status
+    elif kind == "message" and status:
+        params.setdefault("MessageSid", "SM" + id_)
+        params["MessageStatus"] = status
+    return urllib.parse.urlencode(sorted(params.items())).encode("ascii")
+
+
 def _iso(seconds: float) -> str:
     return dt.datetime.fromtimestamp(int(seconds), dt.UTC).isoformat().replace("+00:00", "Z")
 
@@ -65,6 +124,14 @@ def _json(value: Any) -> bytes:
         raise ConfigurationError(f"the event's data must encode as JSON: {exc}") from exc
 
 
+def _unchanged(body: bytes, ts: int) -> bytes:
+    return body
+
+
+def _own_id(webhook_id: str, body: bytes) -> str:
+    return webhook_id
+
+
 @dataclass(frozen=True, slots=True)
 class Scheme:
     """A sender's envelope and signature."""
@@ -73,15 +140,20 @@ class Scheme:
     id_prefix: str
     #: (id, type, data, created) -> body bytes
     body: Callable[[str, str, Any, float], bytes]
-    #: (webhook, signing time, secret) -> headers
-    headers: Callable[[Webhook, int, str | bytes], Headers]
+    #: (webhook, attempt's body, signing time, secret, URL requested) -> headers
+    headers: Callable[[Webhook, bytes, int, str | bytes, str], Headers]
+    #: The body of one attempt signed at a time (Linear refreshes a field in it).
+    attempt: Callable[[bytes, int], bytes] = _unchanged
+    #: The id the receiver will see, from the kit's id and the body (Zoom sends none).
+    id_of: Callable[[str, bytes], str] = _own_id
+    content_type: str = "application/json"
 
 
-def _standard_headers(w: Webhook, ts: int, secret: str | bytes) -> Headers:
+def _standard_headers(w: Webhook, body: bytes, ts: int, secret: str | bytes, url: str) -> Headers:
     return [
         ("webhook-id", w.id),
         ("webhook-timestamp", str(ts)),
-        ("webhook-signature", sign(secret, w.id, ts, w.body)),
+        ("webhook-signature", sign(secret, w.id, ts, body)),
     ]
 
 
@@ -93,26 +165,26 @@ def _github_body(id_: str, type_: str, data: Any, created: float) -> bytes:
     return _json(payload)
 
 
-def _github_headers(w: Webhook, ts: int, secret: str | bytes) -> Headers:
+def _github_headers(w: Webhook, body: bytes, ts: int, secret: str | bytes, url: str) -> Headers:
     return [
-        ("x-hub-signature-256", sign_github(secret, w.body)),
+        ("x-hub-signature-256", sign_github(secret, body)),
         ("x-github-delivery", w.id),
         ("x-github-event", w.type.partition(".")[0]),
     ]
 
 
-def _shopify_headers(w: Webhook, ts: int, secret: str | bytes) -> Headers:
+def _shopify_headers(w: Webhook, body: bytes, ts: int, secret: str | bytes, url: str) -> Headers:
     return [
-        ("x-shopify-hmac-sha256", sign_shopify(secret, w.body)),
+        ("x-shopify-hmac-sha256", sign_shopify(secret, body)),
         ("x-shopify-webhook-id", w.id),
         ("x-shopify-topic", w.type),
         ("x-shopify-triggered-at", _iso(ts)),
     ]
 
 
-def _slack_headers(w: Webhook, ts: int, secret: str | bytes) -> Headers:
+def _slack_headers(w: Webhook, body: bytes, ts: int, secret: str | bytes, url: str) -> Headers:
     return [
-        ("x-slack-signature", sign_slack(secret, ts, w.body)),
+        ("x-slack-signature", sign_slack(secret, ts, body)),
         ("x-slack-request-timestamp", str(ts)),
     ]
 
@@ -130,7 +202,7 @@ _ALL = {
         lambda i, t, d, c: _json(
             {"id": i, "object": "event", "type": t, "created": int(c), "data": {"object": d}}
         ),
-        lambda w, ts, s: [("stripe-signature", sign_stripe(s, ts, w.body))],
+        lambda w, b, ts, s, u: [("stripe-signature", sign_stripe(s, ts, b))],
     ),
     "github": Scheme("github", "gh-", _github_body, _github_headers),
     "shopify": Scheme("shopify", "shp-", lambda i, t, d, c: _json(d or {}), _shopify_headers),
@@ -149,6 +221,61 @@ _ALL = {
         _slack_headers,
     ),
 }
+
+_ALL.update(
+    {
+        "paddle": Scheme(
+            "paddle",
+            "evt_",
+            lambda i, t, d, c: _json(
+                {
+                    "event_id": i,
+                    "event_type": t,
+                    "occurred_at": _iso(c),
+                    "notification_id": "ntf_" + i.removeprefix("evt_"),
+                    "data": d,
+                }
+            ),
+            lambda w, b, ts, s, u: [("paddle-signature", sign_paddle(s, ts, b))],
+        ),
+        "zoom": Scheme(
+            "zoom",
+            "zm-",
+            lambda i, t, d, c: _json(
+                {"event": t, "event_ts": int(c * 1000), "payload": {"account_id": i, "object": d}}
+            ),
+            lambda w, b, ts, s, u: [
+                ("x-zm-signature", sign_zoom(s, ts, b)),
+                ("x-zm-request-timestamp", str(ts)),
+            ],
+            id_of=_zoom_id,
+        ),
+        "linear": Scheme(
+            "linear",
+            "lin-",
+            _linear_body,
+            lambda w, b, ts, s, u: [
+                ("linear-signature", sign_linear(s, b)),
+                ("linear-delivery", w.id),
+                ("linear-event", w.type.partition(".")[0]),
+            ],
+            attempt=_linear_attempt,
+        ),
+        "twilio": Scheme(
+            "twilio",
+            "idem-",
+            _twilio_body,
+            lambda w, b, ts, s, u: [
+                (
+                    "x-twilio-signature",
+                    sign_twilio(s, u, urllib.parse.parse_qsl(b.decode(), keep_blank_values=True)),
+                ),
+                ("i-twilio-idempotency-token", w.id),
+            ],
+            content_type="application/x-www-form-urlencoded",
+        ),
+    }
+)
 
 
 def scheme(name: str) -> Scheme:
@@ -169,6 +296,10 @@ def scheme_of(verifier: Verifier) -> Scheme:
         (GitHub, "github"),
         (Shopify, "shopify"),
         (Slack, "slack"),
+        (Paddle, "paddle"),
+        (Zoom, "zoom"),
+        (Linear, "linear"),
+        (Twilio, "twilio"),
     ]
     for kind, name in kinds:
         if isinstance(verifier, kind):

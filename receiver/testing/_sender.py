@@ -30,7 +30,10 @@ _REFUSALS = frozenset(
         "event_id",
         "event_type",
         "content_length",
+        "content_type",
         "body_too_large",
+        "dedup_key",
+        "body",
     }
 )
 
@@ -97,9 +100,11 @@ class Sender:
     in this process) or the base URL of a running one (``"http://127.0.0.1:8000/webhooks"``;
     each delivery is ``POST {url}/{provider}``). With a Receiver the scheme is read from the
     provider's verifier; with a URL give ``scheme=`` (``"standard-webhooks"``, ``"stripe"``,
-    ``"github"``, ``"shopify"`` or ``"slack"``). ``secret`` is the signing secret: a
-    ``whsec_...`` (v1) or ``whsk_...`` (v1a) for Standard Webhooks, the shared secret otherwise.
-    ``clock`` dates every signature; give the test's :class:`FakeClock`.
+    ``"github"``, ``"shopify"``, ``"slack"``, ``"paddle"``, ``"zoom"``, ``"linear"`` or
+    ``"twilio"``). ``secret`` is the signing secret: a ``whsec_...`` (v1) or ``whsk_...`` (v1a)
+    for Standard Webhooks, the Auth Token for Twilio, the shared secret otherwise. Twilio signs
+    the URL it requests: the Twilio verifier's ``url`` in-process, ``{url}/{provider}`` over
+    HTTP. ``clock`` dates every signature; give the test's :class:`FakeClock`.
     """
 
     def __init__(
@@ -126,7 +131,18 @@ class Sender:
                 limits=httpx.Limits(max_connections=200, max_keepalive_connections=200)
             )
             base = target.rstrip("/")
+        #: The URL the provider's sender requests (Twilio signs it).
+        self.url = self._url(target, provider, f"{base}/{provider}")
         self._client = httpx.AsyncClient(transport=transport, base_url=base, timeout=timeout)
+
+    @staticmethod
+    def _url(target: Receiver | str, provider: str, default: str) -> str:
+        if isinstance(target, Receiver):
+            found = target.providers.get(provider)
+            url = getattr(found.scheme, "url", None) if found is not None else None
+            if isinstance(url, str):
+                return url
+        return default
 
     @staticmethod
     def _scheme(target: Receiver | str, provider: str, name: str | None) -> Scheme:
@@ -141,7 +157,7 @@ class Sender:
             raise ConfigurationError(
                 f"the receiver has no provider {provider!r}; configured: {sorted(target.providers)}"
             )
-        return scheme_of(found.verifier)
+        return scheme_of(found.scheme)  # as configured, before any dedup key
 
     # -- events ----------------------------------------------------------------------------------
 
@@ -150,21 +166,29 @@ class Sender:
         provider's deliveries. Its body is fixed now; every :meth:`send` repeats it."""
         webhook_id = id if id is not None else f"{self.scheme.id_prefix}{next(self._ids):06d}"
         body = self.scheme.body(webhook_id, type, data if data is not None else {}, self.clock())
-        return Webhook(self.provider, webhook_id, type, body)
+        return Webhook(self.provider, self.scheme.id_of(webhook_id, body), type, body)
 
     def headers(self, webhook: Webhook) -> list[tuple[str, str]]:
         """Signed headers for one attempt of ``webhook``, dated now."""
-        signed = self.scheme.headers(webhook, int(self.clock()), self.secret)
-        return [*signed, ("content-type", "application/json")]
+        return self.attempt(webhook)[1]
+
+    def attempt(self, webhook: Webhook) -> tuple[bytes, list[tuple[str, str]]]:
+        """The body and signed headers of one attempt of ``webhook``, dated now (the body is
+        the event's, except where the sender dates each attempt inside it: Linear)."""
+        ts = int(self.clock())
+        body = self.scheme.attempt(webhook.body, ts)
+        signed = self.scheme.headers(webhook, body, ts, self.secret, self.url)
+        return body, [*signed, ("content-type", self.scheme.content_type)]
 
     # -- sending ---------------------------------------------------------------------------------
 
     async def send(self, webhook: Webhook) -> Delivery:
         """Deliver ``webhook`` once. An injected crash comes back as a ``died`` Delivery."""
         at = self.clock()
+        body, headers = self.attempt(webhook)
         try:
             response = await self._client.post(
-                f"/{webhook.provider}", content=webhook.body, headers=self.headers(webhook)
+                f"/{webhook.provider}", content=body, headers=headers
             )
         except SimulatedCrash:
             return Delivery(webhook.id, at, None)

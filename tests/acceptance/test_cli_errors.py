@@ -117,7 +117,18 @@ def test_ttl_without_an_app_lists_every_preset() -> None:
     header, *rows = done.stdout.splitlines()
     assert header.split() == ["preset", "schedule", "span", "margin", "window", "source"]
     names = [row.split()[0] for row in rows]
-    assert names == ["svix", "standard-webhooks", "stripe", "github", "shopify", "slack"]
+    assert names == [
+        "svix",
+        "standard-webhooks",
+        "stripe",
+        "github",
+        "shopify",
+        "slack",
+        "paddle",
+        "zoom",
+        "linear",
+        "twilio",
+    ]
     svix = rows[0].split()
     assert svix[1:7] == ["svix", "(8", "attempts)", "27h", "35m", "5s"]
     assert svix[7:9] == ["1d", "52h"]  # the default review margin, and the window

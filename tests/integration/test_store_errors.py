@@ -199,8 +199,9 @@ async def test_starting_without_the_tables_says_run_receiver_migrate(
         # Start-up refuses to serve (the schema is older than this version), naming the fix.
         with pytest.raises(SchemaOutdated, match="receiver migrate"):
             await rx.open()
-        # Mounted without its lifespan, it still answers 503, never 500.
-        await refused(rx, caplog, "misconfigured", "run `receiver migrate`", "msg_1")
+        # Mounted without its lifespan, it still answers 503, never 500: its first delivery
+        # tries to open it again, and is refused with the same fix.
+        await refused(rx, caplog, "misconfigured", "receiver migrate", "msg_1")
         await rx.close()
     finally:
         await pgcluster.drop_database(pg_admin_url, name)

@@ -403,13 +403,14 @@ ERRORS = [
         P + "max_body_size = 10\n",
         "receiver.toml:3: providers.b.max_body_size: unknown key (top-level keys must come "
         "before the first [table] header); a provider takes scheme, secrets_env, tolerance, "
-        "schedule, review_margin, ttl, lease, mode, retry_attempts, retry_base, retry_cap",
+        "schedule, review_margin, ttl, lease, mode, retry_attempts, retry_base, retry_cap, "
+        "dedup_key, url",
     ),
     (
         P + 'shedule = "svix"\n',
         "receiver.toml:3: providers.b.shedule: unknown key (did you mean schedule?); a provider "
         "takes scheme, secrets_env, tolerance, schedule, review_margin, ttl, lease, mode, "
-        "retry_attempts, retry_base, retry_cap",
+        "retry_attempts, retry_base, retry_cap, dedup_key, url",
     ),
     # secrets never in the file
     (
@@ -452,7 +453,8 @@ ERRORS = [
     (
         '[providers.b]\nscheme = "stripee"\nsecrets_env = ["A"]\n',
         'receiver.toml:2: providers.b.scheme: unknown scheme "stripee" (a string); known '
-        "schemes: github, shopify, slack, standard-webhooks, stripe",
+        "schemes: github, linear, paddle, shopify, slack, standard-webhooks, stripe, twilio, "
+        "zoom",
     ),
     (
         '[providers.gh]\nscheme = "github"\nsecrets_env = ["A"]\ntolerance = 30\n',
@@ -488,8 +490,8 @@ ERRORS = [
     (
         P + 'schedule = "svixx"\n',
         "receiver.toml:3: providers.b.schedule: unknown retry schedule preset 'svixx'; known "
-        "presets: github, shopify, slack, standard-webhooks, stripe, svix (or give an explicit "
-        "list of delays, e.g. [0, 5, 300])",
+        "presets: github, linear, paddle, shopify, slack, standard-webhooks, stripe, svix, "
+        "twilio, zoom (or give an explicit list of delays, e.g. [0, 5, 300])",
     ),
     (
         P + "schedule = 5\n",

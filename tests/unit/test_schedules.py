@@ -33,6 +33,10 @@ EXPECTED_SPANS = {
     "github": 259200.0,  # 3 days of manual redelivery
     "shopify": 14400.0,  # 4 hours
     "slack": 360.0,  # immediately, +1 min, +5 min
+    "paddle": 259200.0,  # 3 days
+    "zoom": 5100.0,  # +5 min, +30 min, +90 min
+    "linear": 25260.0,  # +1 min, +1 h, +6 h
+    "twilio": 0.0,  # no retries of its own
 }
 
 
@@ -47,7 +51,20 @@ def test_preset_span(name: str, span: float) -> None:
     assert schedule.offsets()[-1] == span
     assert schedule.name == name
     assert schedule.delays[0] == 0
-    assert schedule.source.startswith(("Svix", "Standard", "Stripe", "GitHub", "Shopify", "Slack"))
+    assert schedule.source.startswith(
+        (
+            "Svix",
+            "Standard",
+            "Stripe",
+            "GitHub",
+            "Shopify",
+            "Slack",
+            "Paddle",
+            "Zoom",
+            "Linear",
+            "Twilio",
+        )
+    )
     assert "https://" in schedule.source
 
 
