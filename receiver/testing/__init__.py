@@ -1,4 +1,4 @@
-"""receiver.testing: prove that your own handlers run once.
+"""receiver.testing: prove that your own handlers, tools and keyed endpoints run once.
 
 A pytest plugin (installed with receiver; ``pip install receiver[testing]`` adds hypothesis) and
 the pieces it is made of. The kit drives *your* Receiver on a real store with a sender that
@@ -22,9 +22,50 @@ signs like your provider, and checks what you care about with your own queries::
   against your invariant, shrunk to the steps that break it.
 - Assertions: :func:`assert_executed_once`, :func:`assert_replayed`,
   :func:`assert_nothing_in_flight`, :func:`assert_count`.
+
+For an agent's tools (:class:`~receiver.Actions`):
+
+- :class:`Planner`: executes your actions as a planner does and records each
+  :class:`Attempt`; ``twins`` races copies, ``regenerate`` rewords the model's prose,
+  ``restore`` proposes an action again after a restart; :func:`concurrently` runs planners.
+- :class:`ToolFaults` (or ``execute(..., fault=)``) and :func:`crash_and_recover`: a death
+  after the external call, recovered by the retry, the sweeper or reconcile.
+- :func:`replans` / :func:`check_actions`: retries, restarts, regenerations and concurrent
+  planners against your invariant, shrunk to the steps that break it.
+
+For endpoints behind the :class:`~receiver.IdempotencyKeyMiddleware`:
+
+- :class:`Client`: keyed requests to your ASGI app, in-process; ``send``, ``copies``,
+  ``drop`` (the client hangs up and retries), :func:`reserialize` (another client library's
+  bytes for the same JSON); :class:`EndpointFaults` (or ``send(..., fault=)``).
+- :func:`resends` / :func:`check_requests`: the same, at random, against your invariant.
 """
 
+from ._action_steps import (
+    ACTION_FAULTS,
+    ActionStep,
+    BuildActions,
+    Concurrent,
+    Execute,
+    Planners,
+    Proposal,
+    Regenerate,
+    Restart,
+    check_actions,
+    play_actions,
+    replans,
+)
+from ._actions import (
+    Attempt,
+    Planner,
+    Recovery,
+    ToolFaults,
+    check_attempts,
+    concurrently,
+    crash_and_recover,
+)
 from ._assertions import (
+    Attempted,
     assert_count,
     assert_executed_once,
     assert_nothing_in_flight,
@@ -34,6 +75,28 @@ from ._assertions import (
 )
 from ._clock import FakeClock
 from ._faults import Fault, Faults, InjectedFailure, SimulatedCrash
+from ._idempotency import (
+    STYLES,
+    Answer,
+    Client,
+    EndpointFaults,
+    KeyedRequest,
+    reserialize,
+)
+from ._request_steps import (
+    REQUEST_FAULTS,
+    BuildApp,
+    Call,
+    Copies,
+    Drop,
+    RequestStep,
+    Reserialize,
+    Send,
+    check_answers,
+    check_requests,
+    play_requests,
+    resends,
+)
 from ._schedule import ScheduleRun, replay_schedule
 from ._schemes import SCHEMES, Webhook
 from ._sender import Delivery, Sender
@@ -49,22 +112,49 @@ from ._strategies import (
 )
 
 __all__ = [
+    "ACTION_FAULTS",
     "DEEP_EXAMPLES",
     "PG_URL_VARIABLE",
+    "REQUEST_FAULTS",
     "SCHEMES",
+    "STYLES",
+    "ActionStep",
+    "Answer",
+    "Attempt",
+    "Attempted",
+    "BuildActions",
+    "BuildApp",
+    "Call",
+    "Client",
+    "Concurrent",
+    "Copies",
     "Deliver",
     "Delivery",
+    "Drop",
+    "EndpointFaults",
+    "Execute",
     "FakeClock",
     "Fault",
     "Faults",
     "InjectedFailure",
     "Invariant",
+    "KeyedRequest",
+    "Planner",
+    "Planners",
+    "Proposal",
+    "Recovery",
+    "Regenerate",
+    "RequestStep",
+    "Reserialize",
+    "Restart",
     "ScheduleRun",
+    "Send",
     "Sender",
     "SimulatedCrash",
     "Step",
     "Sweep",
     "TestStores",
+    "ToolFaults",
     "Twins",
     "Wait",
     "Webhook",
@@ -72,14 +162,25 @@ __all__ = [
     "assert_executed_once",
     "assert_nothing_in_flight",
     "assert_replayed",
+    "check_actions",
+    "check_answers",
+    "check_attempts",
     "check_history",
     "check_redeliveries",
+    "check_requests",
+    "concurrently",
     "count",
+    "crash_and_recover",
     "examples",
     "in_flight",
     "play",
+    "play_actions",
+    "play_requests",
     "redeliveries",
     "register_profiles",
+    "replans",
     "replay_schedule",
+    "resends",
+    "reserialize",
     "steps",
 ]

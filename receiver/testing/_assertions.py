@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from .._store.base import Connection, Store
-from ._sender import Delivery
 
 # Far enough in the future that every in-flight receipt's lease has run out by then: the
 # sweeper's own "stale" statement then lists every in-flight receipt.
@@ -14,11 +13,26 @@ _END_OF_TIME = 253_402_300_799.0  # 9999-12-31T23:59:59Z
 _LIST_LIMIT = 1000
 
 
-def _table(deliveries: Sequence[Delivery]) -> str:
+class Attempted(Protocol):
+    """One attempt as the kit saw it: a webhook :class:`Delivery`, a tool's :class:`Attempt`
+    or an HTTP :class:`Answer`; the assertions below take any of them."""
+
+    @property
+    def outcome(self) -> str: ...
+    @property
+    def replayed(self) -> bool: ...
+    @property
+    def answer(self) -> object: ...
+
+
+A = TypeVar("A", bound=Attempted)
+
+
+def _table(deliveries: Sequence[Attempted]) -> str:
     return "\n".join(f"  #{n} {d!r}" for n, d in enumerate(deliveries, 1))
 
 
-def assert_executed_once(deliveries: Sequence[Delivery]) -> Delivery:
+def assert_executed_once(deliveries: Sequence[A]) -> A:
     """Exactly one of ``deliveries`` (all of one event) ran the handlers to a stored answer;
     every other was refused as in flight (409), failed and was retried (5xx), died, or was a
     byte-identical replay of that answer. Returns the executed one."""
@@ -32,7 +46,7 @@ def assert_executed_once(deliveries: Sequence[Delivery]) -> Delivery:
     return executed[0]
 
 
-def assert_replayed(first: Delivery, replays: Sequence[Delivery]) -> None:
+def assert_replayed(first: Attempted, replays: Sequence[Attempted]) -> None:
     """Each of ``replays`` is marked ``Idempotent-Replayed: true`` and repeats ``first``'s
     status, content type and body byte for byte."""
     for replay in replays:
