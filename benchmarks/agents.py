@@ -210,7 +210,8 @@ def agents_url(bench_url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(path="/receiver_bench_agents"))
 
 
-async def _fresh_pg(url: str) -> None:
+async def fresh_pg(url: str) -> None:
+    """Drop and create the database of ``url`` (a benchmark's own, never the user's)."""
     parts = urllib.parse.urlsplit(url)
     name = parts.path.lstrip("/")
     if not name.replace("_", "").isalnum():
@@ -234,7 +235,7 @@ async def _one_store(store: Store, seconds: float) -> dict[str, Any]:
 
 async def measure(seconds: float, pg_url: str = DEFAULT_PG) -> dict[str, Any]:
     """Every figure, per store."""
-    await _fresh_pg(pg_url)
+    await fresh_pg(pg_url)
     out = {"postgresql": await _one_store(PostgresStore(pg_url, max_size=10), seconds)}
     with tempfile.TemporaryDirectory() as tmp:
         out["sqlite"] = await _one_store(SQLiteStore(Path(tmp) / "agents.db"), seconds)

@@ -29,13 +29,11 @@ import itertools
 import json
 import tempfile
 import time
-import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import tool as langchain_tool
 from langgraph.graph import END, START, MessagesState, StateGraph
@@ -44,6 +42,8 @@ from langgraph.prebuilt import ToolNode
 
 from receiver import Actions, Connection, PostgresStore, SQLiteStore, Store, ToolCall
 from receiver.contrib.langgraph import GraphActions
+
+from .agents import fresh_pg
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/receiver_bench_langgraph"
 SIDES = ("direct", "toolnode", "fresh", "replay", "ledger")
@@ -163,23 +163,10 @@ async def measure_store(
     return out
 
 
-async def _fresh_pg(url: str) -> None:
-    parts = urllib.parse.urlsplit(url)
-    name = parts.path.lstrip("/")
-    if not name.replace("_", "").isalnum():
-        raise ValueError(f"database name {name!r}: use letters, digits and _")
-    admin = await asyncpg.connect(urllib.parse.urlunsplit(parts._replace(path="/postgres")))
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-
-
 async def measure(
     seconds: float, rounds: int, concurrency: int, pg_url: str = DEFAULT_PG
 ) -> dict[str, Any]:
-    await _fresh_pg(pg_url)
+    await fresh_pg(pg_url)
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, store in (

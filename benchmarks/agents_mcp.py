@@ -34,12 +34,10 @@ import itertools
 import socket
 import tempfile
 import time
-import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any
 
-import asyncpg
 import httpx
 import uvicorn
 from mcp import ClientSession
@@ -51,6 +49,8 @@ from pydantic import BaseModel
 
 from receiver import Actions, Connection, PostgresStore, SQLiteStore, Store, ToolCall
 from receiver.contrib.mcp import ACTION_ID, MCPActions
+
+from .agents import fresh_pg
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/receiver_bench_agents_mcp"
 SIDES = ("direct", "direct_result", "fresh", "replay", "ledger")
@@ -185,19 +185,6 @@ async def one_store(
     for side in SIDES[2:]:
         figures[f"{side}_ratio_to_result"] = round(mean[side] / mean["direct_result"], 3)
     return figures
-
-
-async def fresh_pg(url: str) -> None:
-    parts = urllib.parse.urlsplit(url)
-    name = parts.path.lstrip("/")
-    if not name.replace("_", "").isalnum():
-        raise ValueError(f"database name {name!r}: use letters, digits and _")
-    admin = await asyncpg.connect(urllib.parse.urlunsplit(parts._replace(path="/postgres")))
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
 
 
 async def measure(

@@ -23,12 +23,10 @@ import asyncio
 import json
 import tempfile
 import time
-import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 from agents import (
     Agent,
     FunctionTool,
@@ -50,6 +48,8 @@ from openai.types.responses import (
 
 from receiver import Actions, Connection, PostgresStore, SQLiteStore, Store, ToolCall
 from receiver.contrib.openai_agents import TURN_KEY, AgentTurn, action_tool
+
+from .agents import fresh_pg
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/receiver_bench_agents_openai"
 ARGUMENTS = json.dumps({"order_id": "o-1"})
@@ -149,19 +149,6 @@ async def turn_level(store: Store, seconds: float, run: str) -> dict[str, float]
     return figures
 
 
-async def _fresh_pg(url: str) -> None:
-    parts = urllib.parse.urlsplit(url)
-    name = parts.path.lstrip("/")
-    if not name.replace("_", "").isalnum():
-        raise ValueError(f"database name {name!r}: use letters, digits and _")
-    admin = await asyncpg.connect(urllib.parse.urlunsplit(parts._replace(path="/postgres")))
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-
-
 async def _one_store(store: Store, seconds: float) -> dict[str, dict[str, float]]:
     async with store:
         await store.migrate()
@@ -174,7 +161,7 @@ async def _one_store(store: Store, seconds: float) -> dict[str, dict[str, float]
 
 async def measure(seconds: float, pg_url: str = DEFAULT_PG) -> dict[str, Any]:
     """Every figure (microseconds per call), per store and level."""
-    await _fresh_pg(pg_url)
+    await fresh_pg(pg_url)
     out = {"postgresql": await _one_store(PostgresStore(pg_url, max_size=4), seconds)}
     with tempfile.TemporaryDirectory() as tmp:
         out["sqlite"] = await _one_store(SQLiteStore(Path(tmp) / "agents.db"), seconds)

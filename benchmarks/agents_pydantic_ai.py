@@ -27,18 +27,18 @@ import asyncio
 import itertools
 import tempfile
 import time
-import urllib.parse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 from pydantic_ai import Agent, ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from receiver import Actions, Connection, PostgresStore, SQLiteStore, Store, ToolCall
 from receiver.contrib.pydantic_ai import ActionTools, Turn
+
+from .agents import fresh_pg
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/receiver_bench_pydantic_ai"
 DDL = "CREATE TABLE IF NOT EXISTS bench_pai_refunds (order_id TEXT NOT NULL, cents INTEGER)"
@@ -142,21 +142,8 @@ async def measure_store(store: Store, seconds: float) -> dict[str, float]:
     }
 
 
-async def _fresh_pg(url: str) -> None:
-    parts = urllib.parse.urlsplit(url)
-    name = parts.path.lstrip("/")
-    if not name.replace("_", "").isalnum():
-        raise ValueError(f"database name {name!r}: use letters, digits and _")
-    admin = await asyncpg.connect(urllib.parse.urlunsplit(parts._replace(path="/postgres")))
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-
-
 async def measure(seconds: float, pg_url: str = DEFAULT_PG) -> dict[str, dict[str, float]]:
-    await _fresh_pg(pg_url)
+    await fresh_pg(pg_url)
     out = {"postgresql": await measure_store(PostgresStore(pg_url, max_size=4), seconds)}
     with tempfile.TemporaryDirectory() as tmp:
         out["sqlite"] = await measure_store(SQLiteStore(Path(tmp) / "pai.db"), seconds)
