@@ -23,7 +23,19 @@ from typing import Any
 
 from receiver import generate_secret
 
-from . import agents, checks, load, peers, profile, queued, report, servers, tracing, verifier
+from . import (
+    agents,
+    checks,
+    dbos_peer,
+    load,
+    peers,
+    profile,
+    queued,
+    report,
+    servers,
+    tracing,
+    verifier,
+)
 from .business import PROVIDER
 from .stores import PostgresTarget, SQLiteTarget, Target
 
@@ -84,6 +96,8 @@ class Settings:
     queued: int = 2  # rounds of the queued-mode benchmark (PostgreSQL); 0 skips it
     peers: int = 2  # rounds against pgqueuer and procrastinate (PostgreSQL); 0 skips it
     peer_seconds: float = 5.0  # seconds of each side's drain per round
+    dbos: int = 2  # rounds of the executor against DBOS workflows (PostgreSQL); 0 skips it
+    dbos_seconds: float = 4.0  # seconds per side, mode and round
     profile_seconds: int = 20
 
 
@@ -101,6 +115,8 @@ QUICK = Settings(
     queued=1,
     peers=1,
     peer_seconds=2.0,
+    dbos=1,
+    dbos_seconds=2.0,
 )
 
 
@@ -783,6 +799,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--tracing", type=int, help="tracing micro-benchmark rounds (0 skips)")
     parser.add_argument("--queued", type=int, help="queued-mode benchmark rounds (0 skips)")
     parser.add_argument("--peers", type=int, help="rounds against the job queues (0 skips)")
+    parser.add_argument("--dbos", type=int, help="rounds against DBOS workflows (0 skips)")
     parser.add_argument(
         "--stores", default="postgresql,sqlite", help="comma-separated: postgresql,sqlite"
     )
@@ -840,6 +857,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             "tracing",
             "queued",
             "peers",
+            "dbos",
             "profile_seconds",
         )
         if getattr(args, name) is not None
@@ -964,6 +982,17 @@ def run(args: argparse.Namespace) -> int:
                 _say(peers.describe(result["peers"]))
                 if not result["peers"]["ok"]:
                     bench.failures.append("peers: " + peers.describe(result["peers"]))
+            if settings.dbos and "postgresql" in stores:
+                _say("the action executor against DBOS workflows...")
+                result["dbos"] = dbos_peer.run(
+                    args.pg_url,
+                    rounds=settings.dbos,
+                    seconds=settings.dbos_seconds,
+                    work_dir=bench.path("dbos"),
+                )
+                _say(dbos_peer.describe(result["dbos"]))
+                if not result["dbos"]["ok"]:
+                    bench.failures.append("dbos: " + dbos_peer.describe(result["dbos"]))
             if settings.soak:
                 _say(f"soak: {settings.soak} s on {settings.soak_store}...")
                 result["soak"] = soak(bench)
