@@ -60,7 +60,6 @@ SECRET = generate_secret()  # the workers never verify: their receipts are store
 ROWS = "CREATE TABLE IF NOT EXISTS peer_rows (job text NOT NULL, at timestamptz DEFAULT now())"
 GUARANTEE = {
     "receiver": "exactly-once (tx writes commit with the fenced completion)",
-    "receiver_solo": "exactly-once (each attempt in a transaction of its own)",
     "pgqueuer": "at-least-once (effects commit before the buffered done-log)",
     "procrastinate": "at-least-once (status updated after the task, separately)",
 }
@@ -289,12 +288,10 @@ def drain(
 
 
 async def work(side: str, url: str, handler: str) -> None:
-    if side.startswith("receiver"):
+    if side == "receiver":
         rx = _receiver(url, handler, pool=10)
         await rx.open()
-        # receiver_solo: each writing attempt in a transaction of its own (before the
-        # savepoint groups), for the before/after figure.
-        worker = rx.worker(concurrency=32, poll_interval=0.5, group_writes=side == "receiver")
+        worker = rx.worker(concurrency=32, poll_interval=0.5)
         await worker.run()
         return
     pool = await asyncpg.create_pool(url, min_size=1, max_size=10)
@@ -339,7 +336,6 @@ def run(
     jobs: int = 6_000,
     drain_seconds: float = 5.0,
     work_dir: Path | None = None,
-    solo: bool = False,
 ) -> dict[str, Any]:
     work_dir = work_dir or Path("benchmarks/results/tmp/peers")
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -359,7 +355,7 @@ def run(
                     count / seconds
                 )
         for handler in ("noop", "insert"):
-            for side in SIDES + (("receiver_solo",) if solo else ()):
+            for side in SIDES:
                 url = asyncio.run(_recreate(base, side))
                 asyncio.run(setup(side, url))
                 backlog = int(drain_seconds * 6_000) + 2_000
@@ -371,18 +367,13 @@ def run(
     summary: dict[str, dict[str, float]] = {}
     for name, sides in figures.items():
         summary[name] = {side: round(sum(v) / len(v), 1) for side, v in sides.items()}
-        if "receiver_solo" in summary[name]:
-            solo_rate = summary[name]["receiver_solo"]
-            summary[name]["x_receiver_solo"] = round(summary[name]["receiver"] / solo_rate, 2)
         for peer in ("pgqueuer", "procrastinate"):
             summary[name][f"x_{peer}"] = round(summary[name]["receiver"] / summary[name][peer], 2)
     result["per_s"] = summary
     result["rounds_per_s"] = figures
     result["kill_checks"] = checks
     doubles = [
-        c
-        for c in checks
-        if c["side"].startswith("receiver") and (c["rows_without_done"] or c["ids_twice"])
+        c for c in checks if c["side"] == "receiver" and (c["rows_without_done"] or c["ids_twice"])
     ]
     result["ok"] = not doubles
     return result
@@ -396,8 +387,6 @@ def describe(r: dict[str, Any]) -> str:
             f"({s['x_pgqueuer']:.2f}x)  procrastinate {s['procrastinate']:>8,.0f}/s "
             f"({s['x_procrastinate']:.2f}x)"
         )
-        if "x_receiver_solo" in s:
-            lines[-1] += f"  solo {s['receiver_solo']:,.0f}/s (groups {s['x_receiver_solo']:.2f}x)"
     for c in r["kill_checks"]:
         if c["handler"] == "insert":
             lines.append(
@@ -418,11 +407,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain-seconds", type=float, default=5.0)
     parser.add_argument("--json", type=Path, help="write the figures there too")
     parser.add_argument(
-        "--solo",
-        action="store_true",
-        help="also drain with a receiver worker whose writing attempts each commit alone",
-    )
-    parser.add_argument(
         "--worker", nargs=3, metavar=("SIDE", "URL", "HANDLER"), help=argparse.SUPPRESS
     )
     args = parser.parse_args(argv)
@@ -435,7 +419,6 @@ def main(argv: list[str] | None = None) -> int:
         rounds=args.rounds,
         jobs=args.jobs,
         drain_seconds=args.drain_seconds,
-        solo=args.solo,
     )
     print(describe(result))
     if args.json:

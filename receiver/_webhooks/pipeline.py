@@ -41,7 +41,6 @@ from .._ops.metrics import Metrics
 from .._ops.redact import describe, is_driver_error, stack
 from .._ops.review import needs_review
 from .._queue import receipts as queue
-from .._queue.groups import TransactionGroups
 from .._queue.ingest import Ingest
 from .._store.base import Connection, Store
 from .._verification.payload import parse
@@ -101,9 +100,6 @@ class Pipeline:
         #: Claims, and completions of handlers that never touched tx, shared among concurrent
         #: deliveries where the store batches (receiver/_ledger/shared.py).
         self.shared = SharedStatements(store)
-        #: Set by a worker (receiver/_queue/groups.py): queued attempts of transactional
-        #: handlers share one transaction, a savepoint each.
-        self.groups: TransactionGroups | None = None
 
     async def deliver(
         self, provider: Provider, headers: Headers, body: bytes, client: str | None = None
@@ -485,9 +481,7 @@ class Pipeline:
         finished = False
         failure: Exception | None = None
         deferred: StoredResponse | None = None  # a completion left to the batcher
-        # A worker's transactional attempts: a savepoint of a shared transaction.
-        groups = self.groups if job.queued is not None and not has_external(handlers) else None
-        async with self.store.lazy() if groups is None else groups.lazy() as tx:
+        async with self.store.lazy() as tx:
             event = event_for(job, fence, self._extender(tx, key, fence, running))
             try:
                 # Begun by the handlers' first statement: handlers that never use tx borrow no

@@ -33,7 +33,6 @@ from .._ledger.receipts import Key, Receipt
 from .._logging import get_logger
 from .._ops.metrics import Metrics
 from .._queue import receipts as queue
-from .._queue.groups import TransactionGroups
 from .._store.base import Row, Store
 from .handlers import Registry
 from .outcomes import Outcome
@@ -80,7 +79,6 @@ class Worker:
         poll_interval: float = 1.0,
         stale_interval: float = 5.0,
         grace: float = 30.0,
-        group_writes: bool = True,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
@@ -94,13 +92,6 @@ class Worker:
         self._running: dict[asyncio.Task[None], _Attempt | None] = {}
         #: Attempts this worker finished, by outcome (for tests and the benchmark).
         self.done: dict[str, int] = {}
-        #: PostgreSQL: attempts whose handlers write share a transaction, a savepoint each, one
-        #: COMMIT per group (receiver/_queue/groups.py). SQLite's store groups commits itself.
-        self.groups: TransactionGroups | None = None
-        store = rx.store
-        if group_writes and store.dialect == "postgresql" and store.batch_flushes:
-            self.groups = TransactionGroups(store, lanes=max(1, store.batch_flushes // 2))
-            rx.pipeline.groups = self.groups
 
     @property
     def lease(self) -> float:
@@ -169,8 +160,6 @@ class Worker:
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
             await self._drain()
-            if self.groups is not None:
-                await self.groups.close()
 
     async def _guarded(self, step: Any) -> float:
         """One fetch or stale scan; a worker outlives any failure of one (the database
