@@ -5,6 +5,7 @@ of payloads."""
 
 from __future__ import annotations
 
+import collections
 import re
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,13 +20,24 @@ from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.requests import HTTPConnection
 from starlette.routing import Mount
 
-from receiver import ActionFailed, ActionNeedsReview, Actions, Store
+from receiver import (
+    ActionFailed,
+    ActionNeedsReview,
+    Actions,
+    Connection,
+    Event,
+    Provider,
+    Receiver,
+    Store,
+)
 from receiver._console import Console
 from receiver._console import queries as console_queries
 from receiver._ledger import receipts as ledger
 from receiver._ledger.receipts import Claim, Key
+from receiver.testing import Sender
+from tests.integration.test_queued import drain
 
-from .shop import TOKEN, Shop
+from .shop import SECRET, TOKEN, Shop
 
 T0 = 1_900_000_000.0
 
@@ -396,3 +408,52 @@ async def test_a_token_is_required_when_served_alone(shop: Shop) -> None:
         assert signed.status_code == 303
         assert signed.headers["location"] == "/receipts"
         assert "msg_1" in (await client.get("/receipts")).text
+
+
+async def test_a_rerun_of_a_completed_queued_delivery_queues_it_again(store: Store) -> None:
+    """A queued delivery's re-run goes back to the workers (due now, next fence) and keeps the
+    sender's stored 202: the sender's redelivery still replays it and runs nothing."""
+    rx = Receiver(
+        store=store,
+        providers=[Provider("jobs", secrets=[SECRET], mode="queued")],
+        sweep_interval=None,
+    )
+    runs: collections.Counter[str] = collections.Counter()
+
+    @rx.on("order.*")
+    async def order(event: Event, tx: Connection) -> dict[str, int]:
+        runs[event.id] += 1
+        return {"run": runs[event.id]}
+
+    async with rx, Sender(rx, "jobs", SECRET) as sender:
+        webhook = sender.event("order.created", {"id": "q1"}, id="q1")
+        assert (await sender.send(webhook)).status == 202
+        await drain(rx)
+        assert runs["q1"] == 1
+        assert await state_of(store, "jobs", "q1") == ("completed", 1)
+        console = rx.console()
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=console), base_url="http://console.test"
+        ) as client:
+            done = await post(
+                client,
+                "/rerun",
+                provider="jobs",
+                id="q1",
+                fence="1",
+                reason="handler bug fixed",
+                operator="Ada",
+                confirm="q1",
+                payload=webhook.body.decode(),
+            )
+        assert done.status_code == 303, done.text
+        assert "queued" in done.headers["location"]
+        assert (await state_of(store, "jobs", "q1"))[0] == "queued"
+        await drain(rx)
+        assert runs["q1"] == 2
+        assert await state_of(store, "jobs", "q1") == ("completed", 2)
+        redelivered = await sender.send(webhook)
+        assert redelivered.status == 202
+        assert runs["q1"] == 2
+    (row,) = await audit_rows(store)
+    assert (row["action"], row["outcome"], row["fence"]) == ("rerun", "queued", 1)
