@@ -248,7 +248,7 @@ class SQLiteStore(Store):
                 conn = await pending
                 conn.row_factory = sqlite3.Row
                 await conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
-                await conn.execute("PRAGMA journal_mode = WAL")
+                await _set_wal(conn, self._busy_timeout)
                 # FULL: a receipt acknowledged with a 2xx must survive power loss, not only a
                 # crash of this process.
                 await conn.execute("PRAGMA synchronous = FULL")
@@ -315,3 +315,19 @@ class SQLiteStore(Store):
                         await self._group.commit(self._conn)
         finally:
             self._flusher = None
+
+
+async def _set_wal(conn: aiosqlite.Connection, patience: float) -> None:
+    """Switch the file to WAL (a setting kept in the file). Changing the journal mode takes a
+    lock that SQLite's busy handler does not wait for: processes opening a new file at once
+    could see "database is locked" here, so it is retried for up to ``patience`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience
+    while True:
+        try:
+            await conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or loop.time() >= deadline:
+                raise
+        await asyncio.sleep(0.02)
