@@ -47,6 +47,8 @@ from typing import Any
 
 import asyncpg
 
+from .agents import fresh_pg
+
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/receiver_bench"
 SIDES = ("receiver", "dbos_step", "dbos_tx")
 ROWS = "CREATE TABLE IF NOT EXISTS dbos_rows (job text NOT NULL, at timestamptz DEFAULT now())"
@@ -67,13 +69,7 @@ def _db_url(base: str, side: str) -> str:
 
 async def _recreate(base: str, side: str) -> str:
     url = _db_url(base, side)
-    name = urllib.parse.urlsplit(url).path[1:]
-    admin = await asyncpg.connect(base.rsplit("/", 1)[0] + "/postgres")
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
+    await fresh_pg(url)
     conn = await asyncpg.connect(url)
     try:
         await conn.execute(ROWS)

@@ -52,6 +52,7 @@ import asyncpg
 from receiver import Connection, Event, PostgresStore, Provider, Receiver, generate_secret
 
 from . import load
+from .agents import fresh_pg
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/receiver_bench"
 SIDES = ("receiver", "pgqueuer", "procrastinate")
@@ -76,13 +77,7 @@ def _body(job: str) -> bytes:
 
 async def _recreate(base: str, side: str) -> str:
     url = _db_url(base, side)
-    name = urllib.parse.urlsplit(url).path[1:]
-    admin = await asyncpg.connect(base.rsplit("/", 1)[0] + "/postgres")
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
+    await fresh_pg(url)
     conn = await asyncpg.connect(url)
     try:
         await conn.execute(ROWS)
