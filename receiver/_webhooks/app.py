@@ -19,7 +19,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from .._exceptions import ConfigurationError, SchemaOutdated, StoreUnavailable
+from .._exceptions import (
+    ConfigurationError,
+    SchemaOutdated,
+    StoreMisconfigured,
+    StoreUnavailable,
+)
 from .._ledger.cache import ReplayCache
 from .._ledger.responses import error
 from .._ledger.results import Encoder
@@ -34,7 +39,7 @@ from .._store.url import store_from_url
 from .events import Event
 from .forwarded import TrustedProxies
 from .handlers import Effects, Handler, HandlerFunc, Mode, ReconcileFunc, Registry
-from .outcomes import UNAVAILABLE, Outcome, Reply
+from .outcomes import Reply
 from .pipeline import Pipeline
 from .providers import Provider
 from .replay import replay
@@ -515,11 +520,12 @@ class Receiver:
     ) -> Reply:
         """``pipeline.deliver`` in a span of its own when an OpenTelemetry SDK is configured."""
         if not self._opened:
-            kind = await self._open_on_first_delivery()
-            if kind is not None:
-                return self._starting(provider, headers, kind)
+            refused = await self._open_on_first_delivery()
+            if refused is not None:
+                return self.pipeline.unavailable(provider.name, headers, refused)
         if self._pending_startup is not None:
-            return self._starting(provider, headers, "unavailable")
+            starting = StoreUnavailable("the startup hooks have not run yet")
+            return self.pipeline.unavailable(provider.name, headers, starting)
         tracer = self.tracing.tracer()
         if tracer is None:
             return await self.pipeline.deliver(provider, headers, body, client)
@@ -528,35 +534,19 @@ class Receiver:
             span.finish(reply.outcome.value, reply.response.status_code, reply.fence, reply.detail)
         return reply
 
-    async def _open_on_first_delivery(self) -> str | None:
+    async def _open_on_first_delivery(self) -> StoreUnavailable | None:
         """Open the store and run the startup hooks before the first delivery of a Receiver
         that no lifespan opened. If the store cannot be opened or its schema is not current,
-        the kind of store error (the delivery is answered 503; the next one tries again)."""
+        the store error the delivery is answered with (503; the next one tries again)."""
         async with self._open_lock:
             if not self._opened:
                 try:
                     await self.open(defer_startup=True)
                 except StoreUnavailable as exc:
-                    if exc.kind != "unavailable":  # not a blip: say what to fix
-                        get_logger("receiver").error("ALERT: delivery refused with 503: %s", exc)
-                    return exc.kind
+                    return exc
                 except SchemaOutdated as exc:
-                    get_logger("receiver").error("ALERT: delivery refused with 503: %s", exc)
-                    return "misconfigured"
+                    return StoreMisconfigured(str(exc))
         return None
-
-    def _starting(self, provider: Provider, headers: Headers, kind: str) -> Reply:
-        """503 before the pipeline: the store could not be opened, or the startup hooks have
-        not run yet. Counted as a store error of ``kind``, like the pipeline's own 503."""
-        response = error(
-            503,
-            "store_unavailable",
-            UNAVAILABLE.get(kind, UNAVAILABLE["unavailable"]),
-            {"retry-after": str(self.pipeline.retry_after)},
-        )
-        return self.pipeline.refused(
-            provider.name, headers, response, kind, Outcome.STORE_UNAVAILABLE
-        )
 
     def _refused(
         self, name: str, request: Request, status: int, check: str, detail: str

@@ -165,17 +165,16 @@ class Pipeline:
         if self.metrics is not None and job.drift:
             self.metrics.drifted(job.claim.key.provider, job.claim.key.webhook_id)
 
-    def refused(
-        self,
-        provider: str,
-        headers: Headers,
-        response: Response,
-        check: str,
-        outcome: Outcome = Outcome.REJECTED,
-    ) -> Reply:
-        """Report a delivery refused before verification (too large, unreadable; or 503 while
-        the receiver's startup hooks wait for the store)."""
-        reply = Reply(response, outcome, detail=check)
+    def refused(self, provider: str, headers: Headers, response: Response, check: str) -> Reply:
+        """Report a delivery refused before verification (too large, unreadable)."""
+        reply = Reply(response, Outcome.REJECTED, detail=check)
+        self._report(provider, None, None, reply, time.perf_counter(), headers)
+        return reply
+
+    def unavailable(self, provider: str, headers: Headers, exc: StoreUnavailable) -> Reply:
+        """Report a delivery answered 503 before it reached the pipeline (the receiver's store
+        could not be opened, or its startup hooks have not run), as the pipeline's own."""
+        reply = self._unavailable(exc)
         self._report(provider, None, None, reply, time.perf_counter(), headers)
         return reply
 
