@@ -21,10 +21,14 @@ a job that ran twice shows as two rows.
   again when the job is picked up again (at-least-once); equal counts and no id twice is
   exactly-once.
 
+``--paths drain_insert --sides receiver,pgqueuer`` runs part of it; ``--group 1`` runs the
+receiver's worker without group transactions (each delivery its own), for a before/after.
+
 Guarantees, as each side documents them and as the kill checks:
 
 - receiver: exactly-once for ``tx`` writes (the handler's writes and the fenced completion
-  commit in one transaction, a savepoint of a group's);
+  commit in one transaction; a worker runs up to 8 such deliveries in one transaction with
+  all their fenced completions, all or nothing);
 - pgqueuer: at-least-once (the handler's effects commit before the job's "done" is logged,
   which is buffered and batched);
 - procrastinate: at-least-once (the job's status is updated after the task returned, in a
@@ -56,6 +60,7 @@ from .agents import fresh_pg
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/receiver_bench"
 SIDES = ("receiver", "pgqueuer", "procrastinate")
+PATHS = ("enqueue", "drain_noop", "drain_insert")
 PROVIDER = "bench"
 SECRET = generate_secret()  # the workers never verify: their receipts are stored
 ROWS = "CREATE TABLE IF NOT EXISTS peer_rows (job text NOT NULL, at timestamptz DEFAULT now())"
@@ -240,12 +245,19 @@ async def counts(side: str, url: str, enqueued: int) -> dict[str, int]:
 
 
 def drain(
-    side: str, url: str, handler: str, seconds: float, enqueued: int, work: Path
+    side: str,
+    url: str,
+    handler: str,
+    seconds: float,
+    enqueued: int,
+    work: Path,
+    group: int = 8,
 ) -> dict[str, Any]:
     """One worker process over the backlog for ``seconds``, then SIGKILLed mid-drain."""
     log = (work / f"worker-{side}-{handler}.log").open("wb")
+    command = ["--worker", side, url, handler, str(group)]
     process = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.peers", "--worker", side, url, handler],
+        [sys.executable, "-m", "benchmarks.peers", *command],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -282,11 +294,11 @@ def drain(
 # -- the worker processes ------------------------------------------------------------------
 
 
-async def work(side: str, url: str, handler: str) -> None:
+async def work(side: str, url: str, handler: str, group: int = 8) -> None:
     if side == "receiver":
         rx = _receiver(url, handler, pool=10)
         await rx.open()
-        worker = rx.worker(concurrency=32, poll_interval=0.5)
+        worker = rx.worker(concurrency=32, poll_interval=0.5, group=group)
         await worker.run()
         return
     pool = await asyncpg.create_pool(url, min_size=1, max_size=10)
@@ -331,6 +343,9 @@ def run(
     jobs: int = 6_000,
     drain_seconds: float = 5.0,
     work_dir: Path | None = None,
+    paths: tuple[str, ...] = PATHS,
+    sides: tuple[str, ...] = SIDES,
+    group: int = 8,
 ) -> dict[str, Any]:
     work_dir = work_dir or Path("benchmarks/results/tmp/peers")
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -339,7 +354,9 @@ def run(
     checks: list[dict[str, Any]] = []
     for n in range(rounds):
         for mode, batch, producers in (("one", 1, 64), ("batched", 1000, 4)):
-            for side in SIDES:
+            if "enqueue" not in paths:
+                break
+            for side in sides:
                 url = asyncio.run(_recreate(base, side))
                 asyncio.run(setup(side, url))
                 ids = [f"{side[0]}{n}{mode[0]}{i}" for i in range(jobs)]
@@ -350,19 +367,21 @@ def run(
                     count / seconds
                 )
         for handler in ("noop", "insert"):
-            for side in SIDES:
+            if f"drain_{handler}" not in paths:
+                continue
+            for side in sides:
                 url = asyncio.run(_recreate(base, side))
                 asyncio.run(setup(side, url))
                 backlog = int(drain_seconds * 6_000) + 2_000
                 ids = [f"{side[0]}{n}d{i}" for i in range(backlog)]
                 asyncio.run(enqueue(side, url, ids, batch=1000, producers=4))
-                got = drain(side, url, handler, drain_seconds, backlog, work_dir)
+                got = drain(side, url, handler, drain_seconds, backlog, work_dir, group)
                 figures.setdefault(f"drain_{handler}", {}).setdefault(side, []).append(got["per_s"])
                 checks.append({"side": side, "handler": handler, "round": n, **got})
     summary: dict[str, dict[str, float]] = {}
-    for name, sides in figures.items():
-        summary[name] = {side: round(sum(v) / len(v), 1) for side, v in sides.items()}
-        for peer in ("pgqueuer", "procrastinate"):
+    for name, by_side in figures.items():
+        summary[name] = {side: round(sum(v) / len(v), 1) for side, v in by_side.items()}
+        for peer in sides[1:] if sides[0] == "receiver" else ():
             summary[name][f"x_{peer}"] = round(summary[name]["receiver"] / summary[name][peer], 2)
     result["per_s"] = summary
     result["rounds_per_s"] = figures
@@ -377,11 +396,12 @@ def run(
 def describe(r: dict[str, Any]) -> str:
     lines = []
     for name, s in r["per_s"].items():
-        lines.append(
-            f"{name:16} receiver {s['receiver']:>9,.0f}/s  pgqueuer {s['pgqueuer']:>9,.0f}/s "
-            f"({s['x_pgqueuer']:.2f}x)  procrastinate {s['procrastinate']:>8,.0f}/s "
-            f"({s['x_procrastinate']:.2f}x)"
-        )
+        line = f"{name:16}"
+        for side in SIDES:
+            if side in s:
+                ratio = f" ({s['x_' + side]:.2f}x)" if "x_" + side in s else ""
+                line += f" {side} {s[side]:>9,.0f}/s{ratio} "
+        lines.append(line.rstrip())
     for c in r["kill_checks"]:
         if c["handler"] == "insert":
             lines.append(
@@ -402,18 +422,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain-seconds", type=float, default=5.0)
     parser.add_argument("--json", type=Path, help="write the figures there too")
     parser.add_argument(
-        "--worker", nargs=3, metavar=("SIDE", "URL", "HANDLER"), help=argparse.SUPPRESS
+        "--paths", default=",".join(PATHS), help="comma-separated, of " + ", ".join(PATHS)
+    )
+    parser.add_argument("--sides", default=",".join(SIDES), help="receiver first, if at all")
+    parser.add_argument(
+        "--group", type=int, default=8, help="the receiver worker's group (1: none)"
+    )
+    parser.add_argument(
+        "--worker", nargs=4, metavar=("SIDE", "URL", "HANDLER", "GROUP"), help=argparse.SUPPRESS
     )
     args = parser.parse_args(argv)
     if args.worker:
-        side, url, handler = args.worker
-        asyncio.run(work(side, url, handler))
+        side, url, handler, group = args.worker
+        asyncio.run(work(side, url, handler, int(group)))
         return 0
+    paths = tuple(args.paths.split(","))
+    sides = tuple(args.sides.split(","))
+    if unknown := (set(paths) - set(PATHS)) | (set(sides) - set(SIDES)):
+        parser.error(f"unknown paths or sides: {', '.join(sorted(unknown))}")
     result = run(
         args.pg_url,
         rounds=args.rounds,
         jobs=args.jobs,
         drain_seconds=args.drain_seconds,
+        paths=paths,
+        sides=sides,
+        group=args.group,
     )
     print(describe(result))
     if args.json:

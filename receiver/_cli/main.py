@@ -91,6 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add(worker, "config", CONFIG_HELP)
     _add(worker, "store", STORE_HELP)
     _add(worker, "concurrency", "attempts run at once by this process", 16, type=int)
+    _add(
+        worker,
+        "group",
+        "PostgreSQL: at most this many deliveries whose handlers are all transactional share one "
+        "transaction (1: each its own)",
+        8,
+        type=int,
+    )
     _add(worker, "poll-interval", "seconds between polls when no NOTIFY arrives", 1.0, type=float)
     _add(
         worker,

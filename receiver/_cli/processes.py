@@ -144,6 +144,7 @@ def worker_command(args: argparse.Namespace) -> int:
             os.environ["RECEIVER_STORE"] = args.store
         rx = load_receiver(args.app)
     positive("--concurrency", args.concurrency)
+    positive("--group", args.group)
     positive("--stale-interval", args.stale_interval)
     if rx.store.dialect == "sqlite":
         print(
@@ -154,6 +155,7 @@ def worker_command(args: argparse.Namespace) -> int:
     async def run() -> None:
         worker = rx.worker(
             concurrency=args.concurrency,
+            group=args.group,
             poll_interval=args.poll_interval,
             stale_interval=args.stale_interval,
             grace=args.grace,

@@ -14,6 +14,7 @@ handlers' reconcile path. What a delivery is between steps is :mod:`.jobs`; how 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import math
 import time
@@ -249,6 +250,120 @@ class Pipeline:
         job = self._prepare(provider, webhook_id, body, event_type, self.clock())
         job.queued = queued
         return await self._run(job, fence)
+
+    async def process_together(
+        self, attempts: Sequence[QueuedAttempt], *, budget: float = 0.05
+    ) -> list[Reply | Exception]:
+        """Run queued receipts that a worker has taken in flight, their transactional handlers
+        in one transaction with all their fenced completions (PostgreSQL workers).
+
+        A delivery alone pays BEGIN, its handlers' statements, its completion and COMMIT, a
+        round trip each; here a group pays one BEGIN, one pipelined statement for every
+        completion and one COMMIT, and its members' handlers run one after another on the
+        group's connection. A group closes after ``budget`` seconds of handlers, so a slow
+        handler delays the others by at most that much before the next group starts.
+
+        A group is all or nothing:
+
+        - a member whose handlers raise has failed its attempt, as it would have alone (retried
+          or dead-lettered, the error kept); the members before it, rolled back with it, run
+          again, and the ones after it go on in the next group;
+        - a member whose fence went stale (a newer attempt owns it) is lease lost, and the
+          others run again;
+        - when the failure is not one member's (the connection broke, or a handler swallowed
+          a database error that aborted the transaction), each member runs again on its own,
+          as :meth:`process` runs it;
+        - if the COMMIT itself fails, whether it happened is unknown: the members stay in
+          flight for the stale recovery, as a lone attempt's do.
+
+        Per attempt, in order: its reply, or the exception that left it in flight.
+        """
+        jobs: list[tuple[Job, int]] = []
+        for provider, webhook_id, body, event_type, fence, queued in attempts:
+            job = self._prepare(provider, webhook_id, body, event_type, self.clock())
+            job.queued = queued
+            jobs.append((job, fence))
+        replies: dict[int, Reply | Exception] = {}
+        alone = [i for i, (job, _) in enumerate(jobs) if not _may_share(job)]
+        pending = [i for i, (job, _) in enumerate(jobs) if _may_share(job)]
+        while pending:
+            outcome = await self._run_group([jobs[i] for i in pending], budget)
+            group, pending = pending[: len(outcome)], pending[len(outcome) :]
+            again = [i for i, reply in zip(group, outcome, strict=True) if reply is None]
+            replies.update((i, r) for i, r in zip(group, outcome, strict=True) if r is not None)
+            if len(again) == len(group):
+                alone += again  # nobody's failure: each on its own
+            else:
+                pending = again + pending
+        results = await asyncio.gather(
+            *(self._run(*jobs[i]) for i in alone), return_exceptions=True
+        )
+        for i, result in zip(alone, results, strict=True):
+            if isinstance(result, BaseException) and not isinstance(result, Exception):
+                raise result
+            replies[i] = result
+        return [replies[i] for i in range(len(jobs))]
+
+    async def _run_group(
+        self, members: Sequence[tuple[Job, int]], budget: float
+    ) -> list[Reply | Exception | None]:
+        """One group transaction over the first members that fit in ``budget``: for each
+        member it took, its reply, or None if it must run again."""
+        began = time.perf_counter()
+        ran: list[tuple[Job, int]] = []
+        committing = False
+        try:
+            async with self.store.acquire() as conn, conn.transaction():
+                for job, fence in members:
+                    if ran and time.perf_counter() - began > budget:
+                        break
+                    ran.append((job, fence))
+                    await self._run_member(job, fence, conn)
+                done = await queue.complete_many(
+                    conn,
+                    [
+                        queue.Done(job.claim.key, fence, State.COMPLETED, _queue_window(job))
+                        for job, fence in ran
+                    ],
+                    self.store.now(),
+                )
+                if not all(done):
+                    raise _Stale(done)
+                committing = True
+        except _Stale as stale:  # rolled back: the members whose fence held run again
+            lost: list[Reply | Exception | None] = []
+            for (job, fence), held in zip(ran, stale.done, strict=True):
+                lost.append(None if held else await self._lease_lost(job.claim.key, fence, None))
+            return lost
+        except _MemberFailed as failed:  # rolled back: the failure is the last member's
+            job, fence = ran[-1]
+            cause = failed.__cause__
+            assert isinstance(cause, Exception)
+            if isinstance(cause, StoreUnavailable) or _aborted_before(cause):
+                return [None] * len(ran)
+            answered: list[Reply | Exception | None] = [None] * (len(ran) - 1)
+            return [*answered, await self._give_back(job, fence, cause)]
+        except Exception as exc:
+            if committing:
+                return [exc] * len(ran)
+            return [None] * (len(ran) or len(members))
+        finally:
+            for job, _ in ran:
+                self._running.pop(job.claim.key, None)
+        executed = replay(queue.QUEUED, replayed=False)
+        return [Reply(executed, Outcome.EXECUTED, fence) for _, fence in ran]
+
+    async def _run_member(self, job: Job, fence: int, conn: Connection) -> None:
+        """One member's handlers, in the group's transaction; _MemberFailed if they fail."""
+        key = job.claim.key
+        running = Running(job.claim.payload_hash, fence, self.clock() + job.claim.lease)
+        self._running[key] = running
+        event = event_for(job, fence, self._extender(conn, key, fence, running))
+        try:
+            result = await self._call(job.handlers, event, conn)
+            final_answer(encode(result, self.encoder), key)
+        except Exception as exc:
+            raise _MemberFailed from exc
 
     async def _enqueue(self, job: Job) -> Reply:
         """Queued mode: record the receipt for the workers (micro-batched) and answer 202; a
@@ -522,16 +637,7 @@ class Pipeline:
             except LeaseLost as exc:
                 failure = exc
         if isinstance(failure, LeaseLost):
-            if finished:
-                await self._ran_twice(key, fence, handlers)
-            logger.warning(
-                "lease lost: a newer attempt owns this delivery; rolled back",
-                extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
-            )
-            response = error(
-                409, "in_flight", "a newer attempt owns this delivery", {"retry-after": "1"}
-            )
-            return Reply(response, Outcome.LEASE_LOST, fence)
+            return await self._lease_lost(key, fence, handlers if finished else None)
         if isinstance(failure, NotStorable) and finished and has_external(handlers):
             # The external effect happened; releasing would let the retry run it again.
             logger.error(
@@ -565,6 +671,20 @@ class Pipeline:
         finally:
             if self.metrics is not None:
                 self.metrics.handler_time(event.provider, time.perf_counter() - began)
+
+    async def _lease_lost(self, key: Key, fence: int, finished: Sequence[Handler] | None) -> Reply:
+        """The fenced completion was refused and the attempt rolled back; ``finished``: the
+        handlers, if they had run to the end."""
+        if finished is not None:
+            await self._ran_twice(key, fence, finished)
+        logger.warning(
+            "lease lost: a newer attempt owns this delivery; rolled back",
+            extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
+        )
+        response = error(
+            409, "in_flight", "a newer attempt owns this delivery", {"retry-after": "1"}
+        )
+        return Reply(response, Outcome.LEASE_LOST, fence)
 
     async def _ran_twice(self, key: Key, fence: int, handlers: Sequence[Handler]) -> None:
         """The handlers ran to the end, then the fenced completion was refused. If another
@@ -713,3 +833,44 @@ class Pipeline:
                 await ledger.extend_lease(other, key, fence, self.store.now(), seconds)
 
         return extend
+
+
+#: A queued receipt a worker has taken in flight: its provider, webhook-id, body, event type,
+#: fence, and its attempts so far (:meth:`Pipeline.process_together`).
+QueuedAttempt = tuple[Provider, str, bytes, "str | None", int, queue.Queued]
+
+
+class _MemberFailed(Exception):
+    """A group member's handlers failed (the cause): roll the group back."""
+
+
+class _Stale(Exception):
+    """A group's completions found a stale fence: roll the group back."""
+
+    def __init__(self, done: list[bool]) -> None:
+        super().__init__("a member's fence is stale")
+        self.done = done
+
+
+def _may_share(job: Job) -> bool:
+    """Whether a queued delivery may run in a group transaction: it has handlers, all of them
+    transactional (an external effect is never rolled back, so never run again because another
+    delivery failed) and none asking for a lease of its own (a long-running handler would hold
+    the group back)."""
+    return (
+        job.parsed.problem is None
+        and bool(job.handlers)
+        and not has_external(job.handlers)
+        and all(h.lease is None for h in job.handlers)
+    )
+
+
+def _aborted_before(exc: Exception) -> bool:
+    """Whether a statement failed because the transaction was already aborted (SQLSTATE 25P02):
+    an earlier member swallowed a database error, so this member's failure is not its own."""
+    return getattr(exc, "sqlstate", None) == "25P02"
+
+
+def _queue_window(job: Job) -> float:
+    assert job.queued is not None
+    return job.queued.window

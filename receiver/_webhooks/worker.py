@@ -79,17 +79,24 @@ class Worker:
         poll_interval: float = 1.0,
         stale_interval: float = 5.0,
         grace: float = 30.0,
+        group: int = 8,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        if group < 1:
+            raise ValueError(f"group must be at least 1, not {group}")
         self.rx = rx
         self.concurrency = concurrency
+        #: At most this many transactional deliveries share one transaction (PostgreSQL; 1:
+        #: each its own; see Pipeline.process_together).
+        self.group = group
         self.poll_interval = poll_interval
         self.stale_interval = stale_interval
         self.grace = grace
         self._wakeup = asyncio.Event()
         self._stopping = False
-        self._running: dict[asyncio.Task[None], _Attempt | None] = {}
+        #: Each running task and the attempts it runs (none: a stale recovery).
+        self._running: dict[asyncio.Task[None], tuple[_Attempt, ...]] = {}
         #: Attempts this worker finished, by outcome (for tests and the benchmark).
         self.done: dict[str, int] = {}
 
@@ -138,7 +145,7 @@ class Worker:
                 if time.monotonic() >= stale_at:
                     stale_at = time.monotonic() + self.stale_interval
                     await self._guarded(self._recover_stale())
-                free = self.concurrency - len(self._running)
+                free = self._free()
                 # Fetch when idle or when a quarter of the slots are free: not one row per
                 # finished attempt.
                 if free > 0 and (not self._running or free >= max(1, self.concurrency // 4)):
@@ -180,17 +187,41 @@ class Worker:
             due = await queue.next_due(conn, store.now())
         return -1.0 if due is None else due
 
+    def _free(self) -> int:
+        return self.concurrency - sum(max(1, len(a)) for a in self._running.values())
+
     async def _fetch(self, limit: int) -> int:
         store = self.rx.store
         async with store.acquire() as conn:
             rows = await queue.fetch(conn, store.now(), limit, self.lease)
+        together = [row for row in rows if self._may_share(row)]
         for row in rows:
-            self._start(self._process(row), _Attempt(_key(row), row["fence"], False))
+            if not self._may_share(row) or len(together) < 2:
+                self._start(self._process(row), (_Attempt(_key(row), row["fence"], False),))
+        if len(together) >= 2:
+            for start in range(0, len(together), self.group):
+                group = together[start : start + self.group]
+                attempts = tuple(_Attempt(_key(row), row["fence"], False) for row in group)
+                self._start(self._process_together(group), attempts)
         return len(rows)
 
-    def _start(self, work: Any, attempt: _Attempt | None) -> None:
+    def _may_share(self, row: Row) -> bool:
+        """Whether this receipt may run in a group transaction (the pipeline checks its payload
+        too): PostgreSQL only (SQLite's writer already commits in groups), and handlers that
+        are all transactional."""
+        if self.group < 2 or self.rx.store.dialect != "postgresql":
+            return False
+        provider = row["provider"]
+        if provider not in self.rx.providers:
+            return False
+        handlers = self.rx.registry.match(provider, row["event_type"] or "")
+        return bool(handlers) and all(
+            h.effects == "transactional" and h.lease is None for h in handlers
+        )
+
+    def _start(self, work: Any, attempts: tuple[_Attempt, ...]) -> None:
         task = asyncio.create_task(work)
-        self._running[task] = attempt
+        self._running[task] = attempts
         task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
@@ -208,7 +239,7 @@ class Worker:
             metrics.queue_lag(key.provider, max(0.0, row["now"] - row["due_at"]))
         handlers = self.rx.registry.match(key.provider, row["event_type"] or "")
         attempt = _Attempt(key, row["fence"], any(h.effects == "external" for h in handlers))
-        self._running[asyncio.current_task()] = attempt  # type: ignore[index]
+        self._running[asyncio.current_task()] = (attempt,)  # type: ignore[index]
         q = queue.Queued(int(row["attempts"]), provider.retry, provider.window.window)
         try:
             reply = await self.rx.pipeline.process(
@@ -232,15 +263,42 @@ class Worker:
             return
         self._count(key.provider, reply.outcome)
 
+    async def _process_together(self, rows: list[Row]) -> None:
+        """Several receipts whose handlers are all transactional, in group transactions."""
+        metrics = self.rx.metrics
+        attempts = []
+        for row in rows:
+            key = _key(row)
+            provider = self.rx.providers[key.provider]
+            if metrics is not None and row["due_at"] is not None:
+                metrics.queue_lag(key.provider, max(0.0, row["now"] - row["due_at"]))
+            q = queue.Queued(int(row["attempts"]), provider.retry, provider.window.window)
+            body = bytes(row["request_body"] or b"")
+            attempts.append((provider, key.webhook_id, body, row["event_type"], row["fence"], q))
+        try:
+            replies: list[Any] = await self.rx.pipeline.process_together(attempts)
+        except Exception as exc:  # as in _process: the stale recovery takes them over
+            replies = [exc] * len(rows)
+        for row, reply in zip(rows, replies, strict=True):
+            if isinstance(reply, Exception):  # as in _process: left to the stale recovery
+                logger.warning(
+                    "worker: attempt left in flight for the stale recovery (%s: %s)",
+                    type(reply).__name__,
+                    reply,
+                    extra={"provider": row["provider"], "webhook_id": row["webhook_id"]},
+                )
+            else:
+                self._count(row["provider"], reply.outcome)
+
     async def _recover_stale(self) -> int:
         store = self.rx.store
-        free = self.concurrency - len(self._running)
+        free = self._free()
         if free <= 0:
             return 0
         async with store.acquire() as conn:
             rows = await queue.stale(conn, store.now(), free)
         for row in rows:
-            self._start(self._recover(Receipt.from_row(_key(row), row)), None)
+            self._start(self._recover(Receipt.from_row(_key(row), row)), ())
         return len(rows)
 
     async def _recover(self, receipt: Receipt) -> None:
@@ -294,13 +352,13 @@ class Worker:
         _, late = await asyncio.wait(tasks, timeout=self.grace)
         if not late:
             return
-        attempts = [self._running.get(t) for t in late]
+        attempts = [a for t in late for a in self._running.get(t, ())]
         for task in late:
             task.cancel()
         await asyncio.gather(*late, return_exceptions=True)
         store = self.rx.store
         for attempt in attempts:
-            if attempt is None or attempt.external:
+            if attempt.external:
                 continue  # external effects may have happened: the stale recovery reconciles
             with contextlib.suppress(Exception):
                 async with store.acquire() as conn:

@@ -2,7 +2,8 @@
 ``receiver worker`` processes run the handlers.
 
 - a worker SIGKILLed mid-handler: another worker runs the receipt once more under the next
-  fence, and exactly one effect commits;
+  fence, and exactly one effect commits; killed in the middle of a group transaction, none of
+  the group's members commits, and each runs once more;
 - three workers, 1,000 deliveries with random duplicates: every sender answer is a 202 or its
   replay, and each delivery is executed exactly once;
 - SIGTERM while handlers run: the worker finishes them before it exits; nothing is lost and
@@ -121,6 +122,38 @@ async def test_a_killed_worker_s_receipt_runs_once_more_under_the_next_fence(
     assert lines[0].split()[2] == str(first.pid)
     assert lines[1].split()[2] == str(second.pid)
     assert await effects_by_id(pg_url) == {"doomed": [2]}
+
+
+async def test_a_worker_killed_mid_group_commits_none_of_it_and_each_runs_once_more(
+    pg_url: str, tmp_path: Path
+) -> None:
+    await truncate(pg_url)
+    invocations = tmp_path / "invocations"
+    env = env_for(pg_url, invocations, RECEIVER_TEST_CRASH_IDS="msg_3", RECEIVER_TEST_LEASE="2")
+    ids = [f"msg_{i}" for i in range(8)]
+    with running(env, tmp_path / "server.log", app="tests.apps.queued:rx") as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            for webhook_id in ids:
+                assert (
+                    await post(client, webhook_id, body_of(order=webhook_id))
+                ).status_code == 202
+    first = start_worker(env, tmp_path / "worker.log")
+    try:
+        assert first.wait(timeout=30) == -signal.SIGKILL  # died in msg_3's handler
+    finally:
+        stop(first)
+    # msg_0 to msg_2 ran to the end in the same transaction: nothing of it committed.
+    assert await effects_by_id(pg_url) == {}
+    assert await states(pg_url) == {"in_flight": 8}
+    second = start_worker(env, tmp_path / "worker.log")
+    try:
+        await wait_completed(pg_url, 8, 30, (tmp_path / "worker.log").read_text())
+    finally:
+        stop(second)
+    runs = [line.split() for line in invocations.read_text().splitlines()]
+    assert [r[0] for r in runs if r[2] == str(first.pid)] == ["msg_0", "msg_1", "msg_2", "msg_3"]
+    assert sorted(r[0] for r in runs if r[2] == str(second.pid)) == ids
+    assert await effects_by_id(pg_url) == {i: [2] for i in ids}
 
 
 UNIQUE = 1000

@@ -181,6 +181,7 @@ CLI = {
         "--config",
         "--factory",
         "--grace",
+        "--group",
         "--help",
         "--log-format",
         "--log-level",

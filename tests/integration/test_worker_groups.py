@@ -1,0 +1,226 @@
+"""A PostgreSQL worker runs queued deliveries whose handlers are all transactional several to a
+transaction (Pipeline.process_together): one BEGIN, one pipelined completion statement and one
+COMMIT per group. What must hold: each delivery's writes commit exactly once with its
+completion; a member that fails, or whose fence went stale, costs the others nothing but a
+second run of their (rolled back) handlers; external handlers never share a transaction."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import orjson
+import pytest
+
+from receiver import Event, PostgresStore, Provider, Receiver, State
+from receiver._store.base import Connection
+from tests.integration.test_queued import receipt
+from tests.support import EFFECTS_DDL, PROVIDER, SECRET, Clock, signed
+
+pytestmark = pytest.mark.asyncio
+
+
+def _receiver(store: PostgresStore, clock: Clock, state: dict[str, Any]) -> Receiver:
+    store.clock = clock
+    rx = Receiver(store, [Provider(PROVIDER, [SECRET], mode="queued", lease=30.0)], clock=clock)
+
+    @rx.on_startup
+    async def create(conn: Connection) -> None:
+        await conn.execute(EFFECTS_DDL)
+
+    @rx.on("order.*")
+    async def record(event: Event, tx: Connection) -> None:
+        state["calls"][event.id] = state["calls"].get(event.id, 0) + 1
+        # The transaction this delivery's writes commit in.
+        xid = await tx.fetchval("SELECT txid_current()::text")
+        state["xids"][event.id] = xid
+        await tx.execute(
+            "INSERT INTO effects (provider, webhook_id, fence, note) VALUES ($1, $2, $3, $4)",
+            event.provider,
+            event.id,
+            event.fence,
+            xid,
+        )
+        if event.id in state["fail"]:
+            state["fail"].discard(event.id)
+            raise RuntimeError("downstream refused")
+        if event.id in state["swallow"]:
+            # A handler that hides a database error: its transaction is aborted, which only
+            # the next statement in it finds out.
+            with contextlib.suppress(Exception):
+                await tx.execute("SELECT 1 / 0")
+        steal = state["steal"].pop(event.id, None)
+        if steal is not None:
+            # Another attempt takes a later member over meanwhile (as the stale recovery of
+            # another worker would): its fence moves on, outside this transaction.
+            async with store.acquire_aside() as other:
+                await other.execute(
+                    "UPDATE receiver_receipts SET fence = fence + 1 "
+                    "WHERE provider = $1 AND webhook_id = $2",
+                    PROVIDER,
+                    steal,
+                )
+
+    @rx.on("payment.*", effects="external")
+    async def charge(event: Event, tx: Connection) -> None:
+        state["calls"][event.id] = state["calls"].get(event.id, 0) + 1
+
+    return rx
+
+
+async def _queue(rx: Receiver, clock: Clock, ids: list[str], kind: str = "order.created") -> None:
+    for webhook_id in ids:
+        body = orjson.dumps({"type": kind, "data": {"id": webhook_id}})
+        reply = await rx.deliver(PROVIDER, signed(webhook_id, body, timestamp=clock()), body)
+        assert reply.status_code == 202
+
+
+async def _run(rx: Receiver, **options: Any) -> dict[str, int]:
+    """One worker until nothing is due and nothing runs."""
+    worker = rx.worker(poll_interval=0.05, grace=5.0, **options)
+    task = asyncio.create_task(worker.run())
+    for _ in range(300):
+        await asyncio.sleep(0.02)
+        async with rx.store.acquire() as conn:
+            depth = await conn.run_all("queue_depth", rx.store.now())
+        if not any(r["due"] for r in depth) and not worker._running:
+            break
+    worker.stop()
+    await task
+    return worker.done
+
+
+async def _effects(store: PostgresStore) -> dict[str, list[str]]:
+    async with store.acquire() as conn:
+        rows = await conn.fetch("SELECT webhook_id, note FROM effects ORDER BY webhook_id")
+    found: dict[str, list[str]] = {}
+    for row in rows:
+        found.setdefault(row["webhook_id"], []).append(row["note"])
+    return found
+
+
+def _state() -> dict[str, Any]:
+    return {"calls": {}, "xids": {}, "fail": set(), "steal": {}, "swallow": set()}
+
+
+async def test_deliveries_share_transactions_and_each_commits_once(pg_store: PostgresStore) -> None:
+    clock, state = Clock(), _state()
+    rx = _receiver(pg_store, clock, state)
+    async with rx:
+        ids = [f"msg_{i:02}" for i in range(24)]
+        await _queue(rx, clock, ids)
+        done = await _run(rx, concurrency=24, group=8)
+        assert done == {"executed": 24}
+        effects = await _effects(pg_store)
+        assert sorted(effects) == ids
+        assert all(len(rows) == 1 for rows in effects.values())
+        # Fewer transactions than deliveries, none with more than a group's members; each
+        # row committed in the transaction its handler saw.
+        xids = [rows[0] for rows in effects.values()]
+        assert len(set(xids)) < len(ids)
+        assert max(xids.count(x) for x in set(xids)) <= 8
+        assert all(effects[i] == [state["xids"][i]] for i in ids)
+        for webhook_id in ids:
+            assert (await receipt(pg_store, webhook_id)).state is State.COMPLETED
+
+
+async def test_group_one_gives_each_delivery_its_own_transaction(pg_store: PostgresStore) -> None:
+    clock, state = Clock(), _state()
+    rx = _receiver(pg_store, clock, state)
+    async with rx:
+        ids = [f"msg_{i:02}" for i in range(12)]
+        await _queue(rx, clock, ids)
+        assert await _run(rx, concurrency=12, group=1) == {"executed": 12}
+        effects = await _effects(pg_store)
+        assert len({rows[0] for rows in effects.values()}) == 12
+
+
+async def test_a_failing_member_rolls_back_alone_and_the_rest_commit_once(
+    pg_store: PostgresStore,
+) -> None:
+    clock, state = Clock(), _state()
+    rx = _receiver(pg_store, clock, state)
+    async with rx:
+        ids = [f"msg_{i:02}" for i in range(8)]
+        state["fail"].add("msg_03")  # its first attempt fails; the retry succeeds
+        await _queue(rx, clock, ids)
+        done = await _run(rx, concurrency=8, group=8)
+        assert done.get("handler_failed") == 1
+        clock.advance(120)  # past the first retry's delay
+        done = await _run(rx, concurrency=8, group=8)
+        assert done == {"executed": 1}
+        effects = await _effects(pg_store)
+        assert sorted(effects) == ids
+        assert all(len(rows) == 1 for rows in effects.values()), effects
+        failed = await receipt(pg_store, "msg_03")
+        assert failed.state is State.COMPLETED
+        assert failed.attempts == 1
+        # The failed attempt is the failing member's alone, counted once; the members before
+        # it ran again (their first run rolled back with the group), the ones after it once.
+        assert state["calls"] == {
+            **{f"msg_0{i}": 2 for i in range(3)},
+            "msg_03": 2,  # the failed attempt and its retry
+            **{f"msg_0{i}": 1 for i in range(4, 8)},
+        }
+
+
+async def test_a_member_taken_over_meanwhile_is_lease_lost_and_writes_nothing(
+    pg_store: PostgresStore,
+) -> None:
+    clock, state = Clock(), _state()
+    rx = _receiver(pg_store, clock, state)
+    async with rx:
+        ids = [f"msg_{i:02}" for i in range(6)]
+        state["steal"]["msg_00"] = "msg_04"
+        await _queue(rx, clock, ids)
+        done = await _run(rx, concurrency=6, group=6)
+        assert done == {"executed": 5, "lease_lost": 1}
+        effects = await _effects(pg_store)
+        # The stolen member's writes rolled back with the group: the newer attempt (here:
+        # nobody) owns it now. Every other member committed once, on its own.
+        assert sorted(effects) == [i for i in ids if i != "msg_04"]
+        assert all(len(rows) == 1 for rows in effects.values())
+        stolen = await receipt(pg_store, "msg_04")
+        assert stolen.state is State.IN_FLIGHT
+        assert stolen.fence == 2  # the fetch's was 1
+
+
+@pytest.mark.parametrize("where", ["msg_02", "msg_05"])  # mid-group, and the last member
+async def test_a_swallowed_database_error_is_blamed_on_its_handler_alone(
+    pg_store: PostgresStore, where: str
+) -> None:
+    clock, state = Clock(), _state()
+    rx = _receiver(pg_store, clock, state)
+    async with rx:
+        ids = [f"msg_{i:02}" for i in range(6)]
+        state["swallow"].add(where)
+        await _queue(rx, clock, ids)
+        done = await _run(rx, concurrency=6, group=6)
+        # The next statement of the group failed on the aborted transaction: not that
+        # member's failure, so each ran again on its own, where the one that hid the error
+        # fails its own completion.
+        assert done == {"executed": 5, "handler_failed": 1}
+        effects = await _effects(pg_store)
+        assert sorted(effects) == [i for i in ids if i != where]
+        assert all(len(rows) == 1 for rows in effects.values())
+        assert (await receipt(pg_store, where)).attempts == 1
+
+
+async def test_external_handlers_never_share_a_transaction(pg_store: PostgresStore) -> None:
+    clock, state = Clock(), _state()
+    rx = _receiver(pg_store, clock, state)
+    async with rx:
+        await _queue(rx, clock, [f"pay_{i}" for i in range(4)], kind="payment.created")
+        await _queue(rx, clock, [f"msg_{i}" for i in range(4)])
+        state["fail"].add("msg_0")  # the group of the transactional ones rolls back once
+        done = await _run(rx, concurrency=8, group=8)
+        assert done == {"executed": 7, "handler_failed": 1}
+        # The external ones ran once each, whatever their neighbours did.
+        assert all(state["calls"][f"pay_{i}"] == 1 for i in range(4))
+
+
+async def test_group_must_be_positive(pg_store: PostgresStore) -> None:
+    rx = _receiver(pg_store, Clock(), _state())
+    with pytest.raises(ValueError, match="group must be at least 1"):
+        rx.worker(group=0)
