@@ -32,6 +32,20 @@ def _receiver(store: PostgresStore, clock: Clock, state: dict[str, Any]) -> Rece
     @rx.on("order.*")
     async def record(event: Event, tx: Connection) -> None:
         state["calls"][event.id] = state["calls"].get(event.id, 0) + 1
+        state["now"] += 1
+        state["most"] = max(state["most"], state["now"])
+        try:
+            await _act(event, tx)
+        finally:
+            state["now"] -= 1
+
+    async def _act(event: Event, tx: Connection) -> None:
+        await asyncio.sleep(state["slow"])
+        if event.id in state["waits"]:
+            # Waits for another delivery's handler (of the same fetch) to have run.
+            await asyncio.wait_for(state["waits"][event.id].wait(), 10)
+        if event.id in state["signals"]:
+            state["signals"][event.id].set()
         # The transaction this delivery's writes commit in.
         xid = await tx.fetchval("SELECT txid_current()::text")
         state["xids"][event.id] = xid
@@ -101,7 +115,18 @@ async def _effects(store: PostgresStore) -> dict[str, list[str]]:
 
 
 def _state() -> dict[str, Any]:
-    return {"calls": {}, "xids": {}, "fail": set(), "steal": {}, "swallow": set()}
+    return {
+        "calls": {},
+        "xids": {},
+        "fail": set(),
+        "steal": {},
+        "swallow": set(),
+        "slow": 0.0,
+        "now": 0,
+        "most": 0,
+        "waits": {},
+        "signals": {},
+    }
 
 
 async def test_deliveries_share_transactions_and_each_commits_once(pg_store: PostgresStore) -> None:
@@ -205,6 +230,37 @@ async def test_a_swallowed_database_error_is_blamed_on_its_handler_alone(
         assert sorted(effects) == [i for i in ids if i != where]
         assert all(len(rows) == 1 for rows in effects.values())
         assert (await receipt(pg_store, where)).attempts == 1
+
+
+async def test_slow_handlers_still_run_side_by_side(pg_store: PostgresStore) -> None:
+    clock, state = Clock(), _state()
+    state["slow"] = 0.2  # four times a group's budget: the rest start on their own
+    rx = _receiver(pg_store, clock, state)
+    async with rx:
+        ids = [f"msg_{i:02}" for i in range(8)]
+        await _queue(rx, clock, ids)
+        assert await _run(rx, concurrency=8, group=8) == {"executed": 8}
+        assert state["most"] >= 7  # the first in its group, the other seven side by side
+        effects = await _effects(pg_store)
+        assert sorted(effects) == ids
+        assert all(len(rows) == 1 for rows in effects.values())
+
+
+async def test_a_handler_waiting_for_a_later_member_is_not_stuck_behind_it(
+    pg_store: PostgresStore,
+) -> None:
+    clock, state = Clock(), _state()
+    gate = asyncio.Event()
+    state["waits"]["msg_00"] = gate  # the group's first member waits for its last one
+    state["signals"]["msg_05"] = gate
+    rx = _receiver(pg_store, clock, state)
+    async with rx:
+        ids = [f"msg_{i:02}" for i in range(6)]
+        await _queue(rx, clock, ids)
+        assert await _run(rx, concurrency=6, group=6) == {"executed": 6}
+        effects = await _effects(pg_store)
+        assert sorted(effects) == ids
+        assert all(len(rows) == 1 for rows in effects.values())
 
 
 async def test_external_handlers_never_share_a_transaction(pg_store: PostgresStore) -> None:
