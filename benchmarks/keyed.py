@@ -9,10 +9,12 @@ middleware (``python -m benchmarks.keyed``). In-process through ASGI (no HTTP), 
 - ``executor`` / ``executor_solo``: ``Actions.execute`` of fresh actions of a no-op tool, 32
   concurrent, on the same two stores.
 
-The middleware and the executor claim and complete one key per statement on either store
-today; routing them through the shared batched statements (receiver/_ledger/shared.py) was
-measured with this module at 0.41-0.58x of the one-statement path and not kept (README,
-Performance).
+The executor claims and completes one key per statement on either store; routing it through
+the shared batched statements (receiver/_ledger/shared.py) was measured with this module at
+0.41-0.58x of the one-statement path and not kept. The middleware does go through them (where
+the store batches): in-process with 32 callers the batched path measured 0.58x, but over HTTP
+at 64 connections (``python -m benchmarks.keyed_http``), where the database's CPU per request
+is what limits both sides, 1.1-1.5x the one-statement path (README, Performance).
 
 Requests (or actions) per second; ratios side by side. Figures only, no assertion.
 """
@@ -33,7 +35,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from receiver import Actions, Connection, IdempotencyKeyMiddleware, PostgresStore, ToolCall
 
-from .agents import _call, _fresh_pg, _principal, _rate, agents_url, bare_app
+from .agents import _call, _principal, _rate, agents_url, bare_app, fresh_pg
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/receiver_bench"
 HAND_DDL = (
@@ -90,7 +92,7 @@ class HandMiddleware:
 
 
 async def run(url: str, rounds: int, seconds: float) -> dict[str, Any]:
-    await _fresh_pg(url)
+    await fresh_pg(url)
     pool = await asyncpg.create_pool(url, min_size=10, max_size=10)
     await pool.execute(HAND_DDL)
     batched = PostgresStore(url)

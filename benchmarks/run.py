@@ -27,6 +27,7 @@ from . import (
     agents,
     checks,
     dbos_peer,
+    keyed_http,
     load,
     peers,
     profile,
@@ -98,6 +99,7 @@ class Settings:
     peer_seconds: float = 5.0  # seconds of each side's drain per round
     dbos: int = 2  # rounds of the executor against DBOS workflows (PostgreSQL); 0 skips it
     dbos_seconds: float = 4.0  # seconds per side, mode and round
+    keyed_http: int = 2  # rounds of the Idempotency-Key middleware over HTTP; 0 skips it
     profile_seconds: int = 20
 
 
@@ -117,6 +119,7 @@ QUICK = Settings(
     peer_seconds=2.0,
     dbos=1,
     dbos_seconds=2.0,
+    keyed_http=1,
 )
 
 
@@ -801,6 +804,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--peers", type=int, help="rounds against the job queues (0 skips)")
     parser.add_argument("--dbos", type=int, help="rounds against DBOS workflows (0 skips)")
     parser.add_argument(
+        "--keyed-http", type=int, help="rounds of the middleware over HTTP (0 skips)"
+    )
+    parser.add_argument(
         "--stores", default="postgresql,sqlite", help="comma-separated: postgresql,sqlite"
     )
     parser.add_argument(
@@ -858,6 +864,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             "queued",
             "peers",
             "dbos",
+            "keyed_http",
             "profile_seconds",
         )
         if getattr(args, name) is not None
@@ -993,6 +1000,16 @@ def run(args: argparse.Namespace) -> int:
                 _say(dbos_peer.describe(result["dbos"]))
                 if not result["dbos"]["ok"]:
                     bench.failures.append("dbos: " + dbos_peer.describe(result["dbos"]))
+            if settings.keyed_http and "postgresql" in stores:
+                _say("the Idempotency-Key middleware over HTTP against the hand-written one...")
+                result["keyed_http"] = keyed_http.run(
+                    args.pg_url, rounds=settings.keyed_http, seconds=max(2, settings.duration)
+                )
+                _say(keyed_http.describe(result["keyed_http"]))
+                if not result["keyed_http"]["ok"]:
+                    bench.failures.append(
+                        "keyed_http: " + keyed_http.describe(result["keyed_http"])
+                    )
             if settings.soak:
                 _say(f"soak: {settings.soak} s on {settings.soak_store}...")
                 result["soak"] = soak(bench)

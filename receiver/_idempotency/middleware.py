@@ -43,6 +43,7 @@ from .._ledger.cache import ReplayCache
 from .._ledger.keyed import KeyState
 from .._ledger.receipts import Claim, Claimed, Decision, Key, Receipt, State, StoredResponse, decide
 from .._ledger.responses import NOT_STORED, replay
+from .._ledger.shared import SharedStatements
 from .._ops.durations import Durations
 from .._ops.redact import describe
 from .._ops.sweeper import KeySweeper, SweepReport
@@ -172,6 +173,7 @@ class IdempotencyKeyMiddleware:
         self.max_body_size = max_body_size
         self.provider = f"{keyed.IDEMPOTENCY}:{namespace}"
         self._waiters = keyed.Waiters()
+        self._shared = SharedStatements(store)
         # A stored answer never changes until it expires: replays by this process need no
         # round trip (receiver/_ledger/cache.py).
         self._cache = ReplayCache(replay_cache) if replay_cache > 0 else None
@@ -268,7 +270,7 @@ class IdempotencyKeyMiddleware:
                 return replay(hit.response, replayed=True)
             return self._mismatch()
         for _ in range(100):
-            got = await keyed.claim(self.store, claim)
+            got = await self._shared.claim(claim)
             if isinstance(got, Claimed):
                 return await self._run(
                     scope, receive, send, claim, got.fence, (key, principal, body), arrived
@@ -344,7 +346,10 @@ class IdempotencyKeyMiddleware:
                         if start["status"] >= 500:
                             raise _Unstored(f"the endpoint answered {start['status']}")
                         stored = _stored(start, b"".join(chunks))
-                        await keyed.complete(self.store, tx, claim.key, fence, stored)
+                        if tx.in_transaction:
+                            await keyed.complete(self.store, tx, claim.key, fence, stored)
+                        else:
+                            await self._shared.complete(claim.key, fence, stored)
                 except (Exception, asyncio.CancelledError) as exc:
                     # A cancelled request (the client hung up, a timeout) committed nothing.
                     failure = exc

@@ -7,8 +7,19 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
-from receiver import Connection, Event, PostgresStore, Provider, Receiver
+from receiver import (
+    Connection,
+    Event,
+    IdempotencyKeyMiddleware,
+    PostgresStore,
+    Provider,
+    Receiver,
+)
 from receiver._ledger import receipts as ledger
 from receiver._ledger.receipts import Claim, Key, State, StoredResponse
 from receiver._verification.payload import parse
@@ -134,3 +145,48 @@ async def test_one_bad_claim_does_not_fail_its_neighbours(pg_store: PostgresStor
     results = await rx.pipeline.shared.flush_claims([*good[:2], bad, *good[2:]])
     assert isinstance(results[2], Exception)
     assert all(isinstance(r, ledger.Claimed) for i, r in enumerate(results) if i != 2)
+
+
+async def test_concurrent_keyed_requests_share_statements_and_each_runs_once(pg_url: str) -> None:
+    """The Idempotency-Key middleware claims and completes fresh keys through the same shared
+    statements as deliveries (over HTTP at 64 connections: 0.7x the hand-written middleware
+    one statement each, 1.1-1.5x batched; README, Performance)."""
+    await truncate(pg_url)
+    runs: dict[str, int] = {}
+
+    async def create(request: Request) -> JSONResponse:
+        key = request.headers["idempotency-key"]
+        runs[key] = runs.get(key, 0) + 1
+        return JSONResponse({"order": key}, status_code=201)
+
+    async with PostgresStore(pg_url, max_size=4) as store:
+        app = IdempotencyKeyMiddleware(
+            Starlette(routes=[Route("/orders", create, methods=["POST"])]),
+            store=store,
+            principal=lambda scope: "t-1",
+            replay_cache=0,
+        )
+        requests = [f'"k-{i}"' for i in range(60)] * 3  # every key three times
+        barrier = asyncio.Barrier(len(requests))
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://test"
+        ) as client:
+
+            async def send(key: str) -> int:
+                await barrier.wait()
+                response = await client.post(
+                    "/orders", json={"amount": 1200}, headers={"idempotency-key": key}
+                )
+                return response.status_code
+
+            statuses = await asyncio.gather(*(send(k) for k in requests))
+        assert set(statuses) <= {201, 409}
+        assert statuses.count(201) >= 60
+        assert all(n == 1 for n in runs.values())
+        assert len(runs) == 60
+        claims, completions = app._shared.claims, app._shared.completions
+        assert claims is not None
+        assert completions is not None
+        assert max(claims.sizes) > 1  # claims did share statements
+        assert max(completions.sizes) > 1
+        assert len(claims.sizes) < len(requests) / 5
