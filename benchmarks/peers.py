@@ -359,7 +359,10 @@ def run(
             for side in sides:
                 url = asyncio.run(_recreate(base, side))
                 asyncio.run(setup(side, url))
-                ids = [f"{side[0]}{n}{mode[0]}{i}" for i in range(jobs)]
+                # Batched, 1,000 a call: five times the jobs, or the run is over before the
+                # first calls have warmed their connections up.
+                count = jobs * (5 if batch > 1 else 1)
+                ids = [f"{side[0]}{n}{mode[0]}{i}" for i in range(count)]
                 seconds, count = asyncio.run(
                     enqueue(side, url, ids, batch=batch, producers=producers)
                 )

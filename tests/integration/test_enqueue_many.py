@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from receiver import Event, Provider, Receiver, Store
 from receiver._store.base import Connection
+from tests.integration.test_queued import drain
 from tests.support import EFFECTS_DDL, PROVIDER, SECRET, Clock, body_of, effects, receipt_count
 
 
@@ -38,20 +39,6 @@ def receiver_for(store: Store, clock: Clock) -> tuple[Receiver, list[str]]:
     return rx, ran
 
 
-async def drain(rx: Receiver) -> dict[str, int]:
-    worker = rx.worker(concurrency=8, poll_interval=0.05, grace=5.0)
-    task = asyncio.create_task(worker.run())
-    for _ in range(400):
-        await asyncio.sleep(0.02)
-        async with rx.store.acquire() as conn:
-            depth = await conn.run_all("queue_depth", rx.store.now())
-        if not any(r["due"] for r in depth) and not worker._running:
-            break
-    worker.stop()
-    await task
-    return worker.done
-
-
 async def test_many_deliveries_are_queued_once_and_run_once(store: Store) -> None:
     clock = Clock()
     rx, ran = receiver_for(store, clock)
@@ -64,12 +51,12 @@ async def test_many_deliveries_are_queued_once_and_run_once(store: Store) -> Non
         # m0 was already in the ledger; the second m3 is a duplicate of the first.
         assert got == [False] + [True] * 24 + [False]
         assert await receipt_count(store) == 25
-        assert await drain(rx) == {"executed": 25}
+        assert await drain(rx, concurrency=8) == {"executed": 25}
         assert sorted(ran) == sorted(f"m{n}" for n in range(25))
         assert await effects(store) == 25
         # Queued again after completion: already in the ledger, nothing runs again.
         assert await rx.enqueue_many(PROVIDER, deliveries[:3]) == [False] * 3
-        assert await drain(rx) == {}
+        assert await drain(rx, concurrency=8) == {}
         assert await effects(store) == 25
 
 
@@ -119,7 +106,7 @@ async def test_concurrent_calls_queue_each_key_once(store: Store) -> None:
         for n in range(40):
             assert sum(r[n] for r in results) == 1, deliveries[n][0]
         assert await receipt_count(store) == 40
-        assert await drain(rx) == {"executed": 40}
+        assert await drain(rx, concurrency=8) == {"executed": 40}
         assert sorted(ran) == sorted(d[0] for d in deliveries)
 
 

@@ -73,11 +73,11 @@ async def receipt(store: Store, webhook_id: str) -> Any:
         return await lookup(conn, Key(PROVIDER, webhook_id), store.now())
 
 
-async def drain(rx: Receiver) -> dict[str, int]:
-    """Run a worker until nothing is due, then stop it."""
-    worker = rx.worker(concurrency=4, poll_interval=0.05, grace=5.0)
+async def drain(rx: Receiver, *, concurrency: int = 4, **options: Any) -> dict[str, int]:
+    """Run a worker until nothing is due and nothing runs, then stop it."""
+    worker = rx.worker(concurrency=concurrency, poll_interval=0.05, grace=5.0, **options)
     task = asyncio.create_task(worker.run())
-    for _ in range(200):
+    for _ in range(400):
         await asyncio.sleep(0.02)
         async with rx.store.acquire() as conn:
             depth = await conn.run_all("queue_depth", rx.store.now())

@@ -15,7 +15,7 @@ import pytest
 
 from receiver import Event, PostgresStore, Provider, Receiver, State
 from receiver._store.base import Connection
-from tests.integration.test_queued import receipt
+from tests.integration.test_queued import drain, receipt
 from tests.support import EFFECTS_DDL, PROVIDER, SECRET, Clock, signed
 
 pytestmark = pytest.mark.asyncio
@@ -90,21 +90,6 @@ async def _queue(rx: Receiver, clock: Clock, ids: list[str], kind: str = "order.
         assert reply.status_code == 202
 
 
-async def _run(rx: Receiver, **options: Any) -> dict[str, int]:
-    """One worker until nothing is due and nothing runs."""
-    worker = rx.worker(poll_interval=0.05, grace=5.0, **options)
-    task = asyncio.create_task(worker.run())
-    for _ in range(300):
-        await asyncio.sleep(0.02)
-        async with rx.store.acquire() as conn:
-            depth = await conn.run_all("queue_depth", rx.store.now())
-        if not any(r["due"] for r in depth) and not worker._running:
-            break
-    worker.stop()
-    await task
-    return worker.done
-
-
 async def _effects(store: PostgresStore) -> dict[str, list[str]]:
     async with store.acquire() as conn:
         rows = await conn.fetch("SELECT webhook_id, note FROM effects ORDER BY webhook_id")
@@ -135,7 +120,7 @@ async def test_deliveries_share_transactions_and_each_commits_once(pg_store: Pos
     async with rx:
         ids = [f"msg_{i:02}" for i in range(24)]
         await _queue(rx, clock, ids)
-        done = await _run(rx, concurrency=24, group=8)
+        done = await drain(rx, concurrency=24, group=8)
         assert done == {"executed": 24}
         effects = await _effects(pg_store)
         assert sorted(effects) == ids
@@ -156,7 +141,7 @@ async def test_group_one_gives_each_delivery_its_own_transaction(pg_store: Postg
     async with rx:
         ids = [f"msg_{i:02}" for i in range(12)]
         await _queue(rx, clock, ids)
-        assert await _run(rx, concurrency=12, group=1) == {"executed": 12}
+        assert await drain(rx, concurrency=12, group=1) == {"executed": 12}
         effects = await _effects(pg_store)
         assert len({rows[0] for rows in effects.values()}) == 12
 
@@ -170,10 +155,10 @@ async def test_a_failing_member_rolls_back_alone_and_the_rest_commit_once(
         ids = [f"msg_{i:02}" for i in range(8)]
         state["fail"].add("msg_03")  # its first attempt fails; the retry succeeds
         await _queue(rx, clock, ids)
-        done = await _run(rx, concurrency=8, group=8)
+        done = await drain(rx, concurrency=8, group=8)
         assert done.get("handler_failed") == 1
         clock.advance(120)  # past the first retry's delay
-        done = await _run(rx, concurrency=8, group=8)
+        done = await drain(rx, concurrency=8, group=8)
         assert done == {"executed": 1}
         effects = await _effects(pg_store)
         assert sorted(effects) == ids
@@ -199,7 +184,7 @@ async def test_a_member_taken_over_meanwhile_is_lease_lost_and_writes_nothing(
         ids = [f"msg_{i:02}" for i in range(6)]
         state["steal"]["msg_00"] = "msg_04"
         await _queue(rx, clock, ids)
-        done = await _run(rx, concurrency=6, group=6)
+        done = await drain(rx, concurrency=6, group=6)
         assert done == {"executed": 5, "lease_lost": 1}
         effects = await _effects(pg_store)
         # The stolen member's writes rolled back with the group: the newer attempt (here:
@@ -221,7 +206,7 @@ async def test_a_swallowed_database_error_is_blamed_on_its_handler_alone(
         ids = [f"msg_{i:02}" for i in range(6)]
         state["swallow"].add(where)
         await _queue(rx, clock, ids)
-        done = await _run(rx, concurrency=6, group=6)
+        done = await drain(rx, concurrency=6, group=6)
         # The next statement of the group failed on the aborted transaction: not that
         # member's failure, so each ran again on its own, where the one that hid the error
         # fails its own completion.
@@ -239,7 +224,7 @@ async def test_slow_handlers_still_run_side_by_side(pg_store: PostgresStore) -> 
     async with rx:
         ids = [f"msg_{i:02}" for i in range(8)]
         await _queue(rx, clock, ids)
-        assert await _run(rx, concurrency=8, group=8) == {"executed": 8}
+        assert await drain(rx, concurrency=8, group=8) == {"executed": 8}
         assert state["most"] >= 7  # the first in its group, the other seven side by side
         effects = await _effects(pg_store)
         assert sorted(effects) == ids
@@ -257,7 +242,7 @@ async def test_a_handler_waiting_for_a_later_member_is_not_stuck_behind_it(
     async with rx:
         ids = [f"msg_{i:02}" for i in range(6)]
         await _queue(rx, clock, ids)
-        assert await _run(rx, concurrency=6, group=6) == {"executed": 6}
+        assert await drain(rx, concurrency=6, group=6) == {"executed": 6}
         effects = await _effects(pg_store)
         assert sorted(effects) == ids
         assert all(len(rows) == 1 for rows in effects.values())
@@ -270,7 +255,7 @@ async def test_external_handlers_never_share_a_transaction(pg_store: PostgresSto
         await _queue(rx, clock, [f"pay_{i}" for i in range(4)], kind="payment.created")
         await _queue(rx, clock, [f"msg_{i}" for i in range(4)])
         state["fail"].add("msg_0")  # the group of the transactional ones rolls back once
-        done = await _run(rx, concurrency=8, group=8)
+        done = await drain(rx, concurrency=8, group=8)
         assert done == {"executed": 7, "handler_failed": 1}
         # The external ones ran once each, whatever their neighbours did.
         assert all(state["calls"][f"pay_{i}"] == 1 for i in range(4))
