@@ -2,10 +2,12 @@
 
 A :class:`Worker` takes due receipts in flight (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, with
 the next fence and a lease: :func:`receiver._queue.receipts.fetch`) and runs each through the
-pipeline
-exactly as an inline delivery runs: the handlers in one transaction with the fenced
-completion. Any number of worker processes on any number of machines share one PostgreSQL; on
-SQLite, run one worker process (the store has one writer anyway).
+pipeline exactly as an inline delivery runs: the handlers in one transaction with the fenced
+completion. On PostgreSQL, up to ``group`` fetched deliveries whose handlers are all
+transactional share one such transaction (:meth:`Pipeline.process_together`: one BEGIN, one
+pipelined statement of completions, one COMMIT; all or nothing). Any number of worker
+processes on any number of machines share one PostgreSQL; on SQLite, run one worker process
+(the store has one writer anyway).
 
 It wakes up on PostgreSQL's NOTIFY (one per ingest batch), on its own process's ingest, and
 every ``poll_interval`` seconds whatever happens (a notification can be lost while the LISTEN
