@@ -62,6 +62,16 @@ def has_external(handlers: Sequence[Handler]) -> bool:
     return any(h.effects == "external" for h in handlers)
 
 
+def may_share(handlers: Sequence[Handler]) -> bool:
+    """Whether a delivery with these handlers may run in a group transaction (a worker's,
+    Pipeline.process_together): it has handlers, all of them transactional (an external effect
+    is never rolled back, so never run again because another delivery failed) and none asking
+    for a lease of its own (a long-running handler would hold the group back)."""
+    return bool(handlers) and all(
+        h.effects == "transactional" and h.lease is None for h in handlers
+    )
+
+
 def _datetime(timestamp: int | None) -> dt.datetime | None:
     if timestamp is None:
         return None

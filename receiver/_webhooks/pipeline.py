@@ -48,7 +48,7 @@ from .._store.base import Connection, Store
 from .._verification.payload import parse
 from .events import Event
 from .handlers import Handler, Registry
-from .jobs import Job, Running, event_for, has_external, queued_mode
+from .jobs import Job, Running, event_for, has_external, may_share, queued_mode
 from .outcomes import (
     NEEDS_REVIEW,
     UNAVAILABLE,
@@ -248,9 +248,9 @@ class Pipeline:
     ) -> Reply:
         """Run a queued receipt that a worker has taken in flight under ``fence``, exactly as
         an inline delivery: the handlers in one transaction with the fenced completion."""
-        job = self._prepare(provider, webhook_id, body, event_type, self.clock())
-        job.queued = queued
-        return await self._run(job, fence)
+        return await self._run(
+            self._queued_job(provider, webhook_id, body, event_type, queued), fence
+        )
 
     async def process_together(self, attempts: Sequence[QueuedAttempt]) -> list[Reply | Exception]:
         """Run queued receipts that a worker has taken in flight: those whose handlers are all
@@ -279,11 +279,10 @@ class Pipeline:
 
         Per attempt, in order: its reply, or the exception that left it in flight.
         """
-        jobs: list[tuple[Job, int]] = []
-        for provider, webhook_id, body, event_type, fence, queued in attempts:
-            job = self._prepare(provider, webhook_id, body, event_type, self.clock())
-            job.queued = queued
-            jobs.append((job, fence))
+        jobs = [
+            (self._queued_job(provider, webhook_id, body, event_type, queued), fence)
+            for provider, webhook_id, body, event_type, fence, queued in attempts
+        ]
         shared = [i for i, (job, _) in enumerate(jobs) if _may_share(job)]
         alone = [i for i, (job, _) in enumerate(jobs) if not _may_share(job)]
         for i in shared:
@@ -298,6 +297,18 @@ class Pipeline:
         ran_alone = await _gathered(self._run(*jobs[i]) for i in alone)
         replies.update(zip(alone, ran_alone, strict=True))
         return [replies[i] for i in range(len(jobs))]
+
+    def _queued_job(
+        self,
+        provider: Provider,
+        webhook_id: str,
+        body: bytes,
+        event_type: str | None,
+        queued: queue.Queued,
+    ) -> Job:
+        job = self._prepare(provider, webhook_id, body, event_type, self.clock())
+        job.queued = queued
+        return job
 
     async def _share(self, members: Sequence[tuple[Job, int]]) -> list[Reply | Exception]:
         """Run ``members`` in group transactions (see :meth:`process_together`)."""
@@ -934,16 +945,8 @@ class _Stale(Exception):
 
 
 def _may_share(job: Job) -> bool:
-    """Whether a queued delivery may run in a group transaction: it has handlers, all of them
-    transactional (an external effect is never rolled back, so never run again because another
-    delivery failed) and none asking for a lease of its own (a long-running handler would hold
-    the group back)."""
-    return (
-        job.parsed.problem is None
-        and bool(job.handlers)
-        and not has_external(job.handlers)
-        and all(h.lease is None for h in job.handlers)
-    )
+    """A body that does not parse is answered alone (400, failed), whatever its handlers."""
+    return job.parsed.problem is None and may_share(job.handlers)
 
 
 def _aborted_before(exc: Exception) -> bool:

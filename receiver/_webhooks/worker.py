@@ -37,8 +37,9 @@ from .._ops.metrics import Metrics
 from .._queue import receipts as queue
 from .._store.base import Row, Store
 from .handlers import Registry
+from .jobs import may_share
 from .outcomes import Outcome
-from .pipeline import Pipeline
+from .pipeline import Pipeline, QueuedAttempt
 from .providers import Provider
 
 logger = get_logger("receiver.worker")
@@ -196,15 +197,18 @@ class Worker:
         store = self.rx.store
         async with store.acquire() as conn:
             rows = await queue.fetch(conn, store.now(), limit, self.lease)
-        together = [row for row in rows if self._may_share(row)]
+        together: list[Row] = []
+        alone: list[Row] = []
         for row in rows:
-            if not self._may_share(row) or len(together) < 2:
-                self._start(self._process(row), (_Attempt(_key(row), row["fence"], False),))
-        if len(together) >= 2:
-            for start in range(0, len(together), self.group):
-                group = together[start : start + self.group]
-                attempts = tuple(_Attempt(_key(row), row["fence"], False) for row in group)
-                self._start(self._process_together(group), attempts)
+            (together if self._may_share(row) else alone).append(row)
+        if len(together) < 2:
+            alone, together = rows, []
+        for row in alone:
+            self._start(self._process(row), (_Attempt(_key(row), row["fence"], False),))
+        for start in range(0, len(together), self.group):
+            group = together[start : start + self.group]
+            attempts = tuple(_Attempt(_key(row), row["fence"], False) for row in group)
+            self._start(self._process_together(group), attempts)
         return len(rows)
 
     def _may_share(self, row: Row) -> bool:
@@ -216,10 +220,7 @@ class Worker:
         provider = row["provider"]
         if provider not in self.rx.providers:
             return False
-        handlers = self.rx.registry.match(provider, row["event_type"] or "")
-        return bool(handlers) and all(
-            h.effects == "transactional" and h.lease is None for h in handlers
-        )
+        return may_share(self.rx.registry.match(provider, row["event_type"] or ""))
 
     def _start(self, work: Any, attempts: tuple[_Attempt, ...]) -> None:
         task = asyncio.create_task(work)
@@ -236,59 +237,35 @@ class Worker:
         if provider is None:
             await self._unknown_provider(key, row["fence"])
             return
-        metrics = self.rx.metrics
-        if metrics is not None and row["due_at"] is not None:
-            metrics.queue_lag(key.provider, max(0.0, row["now"] - row["due_at"]))
         handlers = self.rx.registry.match(key.provider, row["event_type"] or "")
         attempt = _Attempt(key, row["fence"], any(h.effects == "external" for h in handlers))
         self._running[asyncio.current_task()] = (attempt,)  # type: ignore[index]
-        q = queue.Queued(int(row["attempts"]), provider.retry, provider.window.window)
         try:
-            reply = await self.rx.pipeline.process(
-                provider,
-                key.webhook_id,
-                bytes(row["request_body"] or b""),
-                row["event_type"],
-                row["fence"],
-                q,
-            )
+            reply = await self.rx.pipeline.process(*self._attempt_of(row, provider))
         except Exception as exc:
-            # The completion (or the retry's scheduling) could not reach the store: the
-            # receipt stays in flight, and the stale recovery takes it over when its lease
-            # runs out.
-            logger.warning(
-                "worker: attempt left in flight for the stale recovery (%s: %s)",
-                type(exc).__name__,
-                exc,
-                extra={"provider": key.provider, "webhook_id": key.webhook_id},
-            )
+            _left_in_flight(row, exc)
             return
         self._count(key.provider, reply.outcome)
 
+    def _attempt_of(self, row: Row, provider: Provider) -> QueuedAttempt:
+        """What the pipeline needs to run a fetched row (and its queue lag, counted)."""
+        metrics = self.rx.metrics
+        if metrics is not None and row["due_at"] is not None:
+            metrics.queue_lag(provider.name, max(0.0, row["now"] - row["due_at"]))
+        q = queue.Queued(int(row["attempts"]), provider.retry, provider.window.window)
+        body = bytes(row["request_body"] or b"")
+        return (provider, row["webhook_id"], body, row["event_type"], row["fence"], q)
+
     async def _process_together(self, rows: list[Row]) -> None:
         """Several receipts whose handlers are all transactional, in group transactions."""
-        metrics = self.rx.metrics
-        attempts = []
-        for row in rows:
-            key = _key(row)
-            provider = self.rx.providers[key.provider]
-            if metrics is not None and row["due_at"] is not None:
-                metrics.queue_lag(key.provider, max(0.0, row["now"] - row["due_at"]))
-            q = queue.Queued(int(row["attempts"]), provider.retry, provider.window.window)
-            body = bytes(row["request_body"] or b"")
-            attempts.append((provider, key.webhook_id, body, row["event_type"], row["fence"], q))
+        attempts = [self._attempt_of(row, self.rx.providers[row["provider"]]) for row in rows]
         try:
             replies: list[Any] = await self.rx.pipeline.process_together(attempts)
-        except Exception as exc:  # as in _process: the stale recovery takes them over
+        except Exception as exc:
             replies = [exc] * len(rows)
         for row, reply in zip(rows, replies, strict=True):
-            if isinstance(reply, Exception):  # as in _process: left to the stale recovery
-                logger.warning(
-                    "worker: attempt left in flight for the stale recovery (%s: %s)",
-                    type(reply).__name__,
-                    reply,
-                    extra={"provider": row["provider"], "webhook_id": row["webhook_id"]},
-                )
+            if isinstance(reply, Exception):
+                _left_in_flight(row, reply)
             else:
                 self._count(row["provider"], reply.outcome)
 
@@ -399,6 +376,17 @@ class Worker:
                     with contextlib.suppress(Exception):
                         await asyncio.shield(conn.close(timeout=1))
             await asyncio.sleep(self.poll_interval)
+
+
+def _left_in_flight(row: Row, exc: Exception) -> None:
+    """The completion (or the retry's scheduling) could not reach the store: the receipt stays
+    in flight, and the stale recovery takes it over when its lease runs out."""
+    logger.warning(
+        "worker: attempt left in flight for the stale recovery (%s: %s)",
+        type(exc).__name__,
+        exc,
+        extra={"provider": row["provider"], "webhook_id": row["webhook_id"]},
+    )
 
 
 def _key(row: Row) -> Key:
