@@ -39,7 +39,7 @@ from .. import (
 )
 from ._assertions import _table
 from ._clock import FakeClock
-from ._faults import Fault, InjectedFailure, SimulatedCrash
+from ._faults import ArmedFaults, Fault, InjectedFailure, SimulatedCrash
 
 # Attempts of each action key running in this process, over every planner: a key in flight
 # that none of them runs is held by a dead attempt (see Planner._patience).
@@ -106,7 +106,7 @@ def lease_of(actions: Actions, tool: str) -> float:
     return tools_of(actions)[tool].lease or actions.lease
 
 
-class ToolFaults:
+class ToolFaults(ArmedFaults):
     """The faults armed on one executor, per action key. Install once per executor.
 
     :attr:`Fault.AFTER_CLAIM` strikes before the tool runs; ``BEFORE_COMMIT`` and
@@ -117,9 +117,7 @@ class ToolFaults:
     """
 
     def __init__(self, actions: Actions) -> None:
-        self._armed: dict[str, collections.deque[Fault]] = collections.defaultdict(
-            collections.deque
-        )
+        super().__init__()
         tools = tools_of(actions)
         for name, tool in list(tools.items()):
             tools[name] = dataclasses.replace(tool, func=self._wrap(tool))
@@ -134,22 +132,11 @@ class ToolFaults:
         actions._testing_faults = faults  # type: ignore[attr-defined]
         return faults
 
-    def arm(self, key: str, fault: Fault) -> None:
-        """Make the next attempt of the action ``key`` that runs its tool hit ``fault``."""
-        self._armed[key].append(Fault(fault))
-
-    def pending(self, key: str) -> bool:
-        return bool(self._armed.get(key))
-
-    def disarm(self) -> None:
-        self._armed.clear()
-
     def _wrap(self, tool: Tool) -> Any:
         func = tool.func
 
         async def with_faults(call: ToolCall, tx: Connection) -> Any:
-            armed = self._armed.get(call.action.key)
-            fault = armed.popleft() if armed else None
+            fault = self._take(call.action.key)
             if fault is Fault.AFTER_CLAIM:
                 raise SimulatedCrash(f"{call.action.key}: died after the claim")
             result = await func(call, tx)

@@ -47,6 +47,32 @@ class InjectedFailure(Exception):
     """A handler failure injected by receiver.testing."""
 
 
+class ArmedFaults:
+    """Faults armed per key (an action key, an Idempotency-Key), each striking the next attempt
+    with that key that reaches the wrapped code: the bookkeeping :class:`ToolFaults` and
+    :class:`EndpointFaults` share."""
+
+    def __init__(self) -> None:
+        self._armed: dict[str, collections.deque[Fault]] = collections.defaultdict(
+            collections.deque
+        )
+
+    def arm(self, key: str, fault: Fault) -> None:
+        """Make the next attempt with ``key`` that reaches the wrapped code hit ``fault``."""
+        self._armed[key].append(Fault(fault))
+
+    def pending(self, key: str) -> bool:
+        return bool(self._armed.get(key))
+
+    def disarm(self) -> None:
+        self._armed.clear()
+
+    def _take(self, key: str) -> Fault | None:
+        """The fault armed first for ``key``, now spent; None if none is."""
+        armed = self._armed.get(key)
+        return armed.popleft() if armed else None
+
+
 class Faults:
     """The faults armed on one Receiver, per webhook-id. Install once per Receiver."""
 

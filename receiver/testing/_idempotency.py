@@ -28,7 +28,7 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import ConfigurationError, IdempotencyKeyMiddleware, State, idempotent_request
-from ._faults import Fault, InjectedFailure, SimulatedCrash
+from ._faults import ArmedFaults, Fault, InjectedFailure, SimulatedCrash
 
 _PROBLEM = "urn:receiver:idempotency:"
 # The middleware's own refusals, by the code its problem+json ``type`` ends with.
@@ -174,7 +174,7 @@ def find_middleware(app: ASGIApp) -> IdempotencyKeyMiddleware:
     )
 
 
-class EndpointFaults:
+class EndpointFaults(ArmedFaults):
     """The faults armed behind one middleware, per Idempotency-Key. Install once.
 
     :attr:`Fault.AFTER_CLAIM` strikes before the endpoint runs; ``BEFORE_COMMIT`` and
@@ -184,9 +184,7 @@ class EndpointFaults:
     """
 
     def __init__(self, middleware: IdempotencyKeyMiddleware) -> None:
-        self._armed: dict[str, collections.deque[Fault]] = collections.defaultdict(
-            collections.deque
-        )
+        super().__init__()
         #: The principal of each key that reached the endpoints (to read its state).
         self.principals: dict[str, str] = {}
         self._started: dict[str, asyncio.Event] = {}
@@ -201,8 +199,7 @@ class EndpointFaults:
             started = self._started.pop(keyed.key, None)
             if started is not None:
                 started.set()
-            armed = self._armed.get(keyed.key)
-            fault = armed.popleft() if armed else None
+            fault = self._take(keyed.key)
             if fault is Fault.AFTER_CLAIM:
                 raise SimulatedCrash(f"{keyed.key}: died after the claim")
             await endpoints(scope, receive, send)
@@ -222,16 +219,6 @@ class EndpointFaults:
         faults = cls(middleware)
         middleware._testing_faults = faults  # type: ignore[attr-defined]
         return faults
-
-    def arm(self, key: str, fault: Fault) -> None:
-        """Make the next request with ``key`` that reaches the endpoint hit ``fault``."""
-        self._armed[key].append(Fault(fault))
-
-    def pending(self, key: str) -> bool:
-        return bool(self._armed.get(key))
-
-    def disarm(self) -> None:
-        self._armed.clear()
 
     def started(self, key: str) -> asyncio.Event:
         """Set when the next request with ``key`` reaches the endpoint."""
