@@ -16,6 +16,7 @@ from . import charts
 from .html import Html, badge, duration, esc, link, table, url, when
 from .overview import RANGES, STATES, Overview
 from .queries import AuditRow, Filters, Page, ReceiptRow
+from .redaction import error_line
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +244,7 @@ def _receipt_rows(
     out: list[list[Html]] = []
     for r in rows:
         href = receipt_href(view, r.provider, r.webhook_id)
-        error = esc((r.last_error or "").splitlines()[0][:120]) if r.last_error else ""
+        error = esc(error_line(r.last_error))
         common = [
             state_badge(r),
             esc(r.response_status or ""),
@@ -299,9 +300,7 @@ def attention(view: View, which: str, provider: str, page: Page, providers: Sequ
             esc(r.attempts),
             when(r.claimed_at),
             when(r.lease_until),
-            f"<code>{esc((r.last_error or '').splitlines()[0][:120])}</code>"
-            if r.last_error
-            else "",
+            f"<code>{esc(error_line(r.last_error))}</code>" if r.last_error else "",
         ]
         for r in page.rows
     ]
@@ -338,7 +337,7 @@ def audit(view: View, rows: Sequence[AuditRow], next_id: int | None) -> Html:
                 esc("" if r.fence is None else r.fence),
                 esc(r.reason),
                 esc(r.outcome or "running"),
-                esc(r.detail or ""),
+                esc(error_line(r.detail, None)),
             ]
             for r in rows
         ],

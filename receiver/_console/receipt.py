@@ -13,7 +13,7 @@ from .._store.base import Row
 from .html import Html, badge, duration, esc, fields, form, link, table, url, when
 from .pages import View, idem_parts, receipt_href
 from .queries import AuditRow
-from .redaction import mask_text, show_body
+from .redaction import error_line, show_body
 
 
 def _kind(receipt: Receipt) -> Html:
@@ -166,7 +166,11 @@ def page(view: View, receipt: Receipt, attempts: Sequence[Row], audit: Sequence[
         ]
     )
     attempt_rows = [
-        [esc(a["fence"]), when(float(a["failed_at"])), f"<code>{esc(mask_text(a['error']))}</code>"]
+        [
+            esc(a["fence"]),
+            when(float(a["failed_at"])),
+            f"<code>{esc(error_line(a['error'], None))}</code>",
+        ]
         for a in attempts
     ]
     response = receipt.response
@@ -193,7 +197,7 @@ def page(view: View, receipt: Receipt, attempts: Sequence[Row], audit: Sequence[
             esc(a.action),
             esc(a.reason),
             esc(a.outcome or "running"),
-            esc(a.detail or ""),
+            esc(error_line(a.detail, None)),
         ]
         for a in audit
     ]

@@ -18,29 +18,85 @@ import orjson
 
 MASK = "•••"
 
-#: Field names whose values are never shown (matched case-insensitively, anywhere in the name).
-SECRET_FIELDS = (
-    "password",
-    "passwd",
-    "secret",
-    "token",
-    "authorization",
-    "api_key",
-    "apikey",
-    "access_key",
-    "private_key",
-    "signature",
-    "cookie",
-    "session",
-    "card",
-    "cvc",
-    "cvv",
-    "pan",
-    "iban",
-    "ssn",
-    "pin",
-    "otp",
+#: Words that make a field's value secret, wherever they stand in its name: ``token``,
+#: ``access_token``, ``accessToken`` and ``X-Auth-Token`` alike. Matched as whole words after
+#: the name is split (see :func:`words`), so ``key`` masks ``api_key``, ``privateKey`` and
+#: ``x-api-key`` but not ``monkey`` or ``keyboard``.
+SECRET_WORDS = frozenset(
+    {
+        "password",
+        "passwd",
+        "pwd",
+        "passphrase",
+        "passcode",
+        "secret",
+        "secrets",
+        "token",
+        "tokens",
+        "auth",
+        "authorization",
+        "credential",
+        "credentials",
+        "key",
+        "keys",
+        "apikey",
+        "signature",
+        "cookie",
+        "cookies",
+        "session",
+        "jwt",
+        "card",
+        "cvc",
+        "cvv",
+        "pan",
+        "iban",
+        "ssn",
+        "pin",
+        "otp",
+    }
 )
+
+#: Words that end a compound written without a separator (``accesstoken``, ``clientsecret``,
+#: ``newpassword``): long enough that no ordinary word ends with them by chance, unlike
+#: ``key`` (monkey) or ``pin`` (spin), which are matched as whole words only.
+SECRET_ENDINGS = ("password", "passwd", "secret", "token", "apikey", "signature", "credential")
+#: Compounds of ``key`` written as one word.
+SECRET_COMPOUNDS = frozenset(
+    {"accesskey", "privatekey", "secretkey", "signingkey", "sessionkey", "encryptionkey"}
+)
+
+#: A last word that says the field describes a secret without holding it: ``key_id``,
+#: ``token_type``, ``keys_url``, ``password_changed_at``, ``card_brand``: such a field is
+#: shown.
+ABOUT_WORDS = frozenset(
+    {
+        "id",
+        "ids",
+        "url",
+        "urls",
+        "uri",
+        "href",
+        "type",
+        "types",
+        "name",
+        "names",
+        "count",
+        "length",
+        "hint",
+        "at",
+        "expires",
+        "expiry",
+        "expiration",
+        "brand",
+        "present",
+        "enabled",
+        "required",
+    }
+)
+
+# Where a field name splits into words: camelCase and acronyms (``customerSSN``,
+# ``APIKey``), letters and digits (``cvv2``), and any run of other characters (``_ - . ``).
+_WORD = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 
 # Credentials by their look: Standard Webhooks and Stripe-like secrets, bearer tokens, JWTs,
 # and 13-19 digit runs (card numbers, with spaces or dashes between groups).
@@ -58,16 +114,50 @@ def mask_text(text: str) -> str:
     return _LOOKS_SECRET.sub(MASK, text)
 
 
+def error_line(text: str | None, width: int | None = 120) -> str:
+    """An error as every page shows it: masked, then its first line cut to ``width`` (masked
+    first, so that a cut never leaves part of a card number or a token in clear)."""
+    if not text:
+        return ""
+    masked = mask_text(text)
+    if width is None:
+        return masked
+    return (masked.splitlines() or [""])[0][:width]
+
+
+def words(name: str) -> list[str]:
+    """A field name's words, lower-cased: ``x-api-key`` and ``xApiKey`` both give
+    ``["x", "api", "key"]``, ``customerSSN`` gives ``["customer", "ssn"]``."""
+    return [w.lower() for w in _WORD.findall(name)]
+
+
+def _secret_word(word: str) -> bool:
+    return (
+        word in SECRET_WORDS
+        or word in SECRET_COMPOUNDS
+        or any(word.endswith(e) for e in SECRET_ENDINGS)
+    )
+
+
 def secret_field(name: str, extra: Iterable[str] = ()) -> bool:
-    lowered = name.lower()
-    words = re.split(r"[^a-z0-9]+|(?<=[a-z])(?=[0-9])", lowered)
-    for marker in (*SECRET_FIELDS, *extra):
-        if len(marker) <= 3:  # short markers (pan, pin, ssn, otp) as whole words only
-            if marker in words:
-                return True
-        elif marker in lowered:
+    """True when a field's value must not be shown: a word of its name is a secret word
+    (unless its last word says it only describes one: ``token_type``, but not a session's
+    id), or the words of one
+    of ``extra`` (the operator's own names, matched without that exception) appear in it in
+    a row."""
+    found = words(name)
+    for marker in extra:
+        wanted = words(marker)
+        if wanted and any(
+            found[i : i + len(wanted)] == wanted for i in range(len(found) - len(wanted) + 1)
+        ):
             return True
-    return False
+    if not any(_secret_word(w) for w in found):
+        return False
+    if "session" in found:  # a session's id is the session itself
+        return True
+    named = [w for w in found if not w.isdigit()]
+    return not (len(named) > 1 and named[-1] in ABOUT_WORDS)
 
 
 def redact(value: Any, extra: Iterable[str] = ()) -> Any:
