@@ -197,11 +197,13 @@ class Console:
                 refusal = await self._refuse_post(request)
                 if refusal is not None:
                     return self._frame(request, view, "Refused", pages.error(refusal), 403)
+            if any("\x00" in v for v in request.query_params.values()):
+                raise _BadRequest("a query parameter holds a NUL character, which no receipt has")
             await self._check_schema()
             result = await handler(request, view)
         except actions.ActionRefused as exc:
             return self._frame(request, view, "Not done", pages.error(str(exc)), 409)
-        except _BadRequest as exc:
+        except (_BadRequest, queries.BadCursor) as exc:
             return self._frame(request, view, "Bad request", pages.error(str(exc)), 400)
         except (StoreUnavailable, SchemaOutdated) as exc:
             message = f"The ledger is unavailable ({type(exc).__name__}): {exc}"
@@ -462,10 +464,7 @@ class Console:
         return RedirectResponse(href, 303)
 
     async def _audit(self, request: Request, view: pages.View) -> tuple[str, Html]:
-        try:
-            before = int(request.query_params.get("before", "")) or None
-        except ValueError:
-            before = None
+        before = queries.audit_cursor(request.query_params.get("before", ""))
         async with self.store.acquire() as conn:
             rows = await queries.audit(conn, before)
         next_id = rows[-1].id if len(rows) == queries.PAGE else None
@@ -571,4 +570,6 @@ async def _form(request: Request) -> dict[str, str]:
         )
     except (UnicodeDecodeError, ValueError):
         raise _BadRequest("the form is not valid urlencoded UTF-8") from None
+    if any("\x00" in v for _, v in pairs):
+        raise _BadRequest("a form field holds a NUL character, which the ledger cannot store")
     return dict(pairs)

@@ -18,12 +18,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._exceptions import ReceiverError
 from .._ledger import keyed
 from .._store.base import Connection, Row
 
 #: Index entries one list walk (or one chart bucket) reads at most.
 SCAN = 2_000
 PAGE = 50
+
+
+#: The ledger's integers (PostgreSQL's bigint marks, SQLite's integers, the audit's ids).
+INT64_MAX = 2**63 - 1
+
+
+class BadCursor(ReceiverError):
+    """A page's cursor that the console did not write: answered 400, never sent to the
+    database (a mark beyond 64 bits, or text with a NUL, is the driver's error there)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,16 +49,44 @@ class Cursor:
 
     @classmethod
     def decode(cls, text: str, dialect: str) -> Cursor | None:
-        """None for an empty or malformed cursor (the first page)."""
+        """None for an empty cursor (the first page); :class:`BadCursor` for one that is not
+        what :meth:`encode` writes for this store: a mark within 64 bits (PostgreSQL's integer
+        microseconds, SQLite's seconds as a finite number), and two texts without a NUL."""
+        if not text:
+            return None
         mark, sep, rest = text.partition("|")
         provider, sep2, webhook_id = rest.partition("|")
-        if not (sep and sep2):
-            return None
-        try:
-            value: int | float = int(mark) if dialect == "postgresql" else float(mark)
-        except ValueError:
-            return None
+        if not (sep and sep2) or "\x00" in rest:
+            raise BadCursor(f"not a page cursor of this console: {text[:100]!r}")
+        value: int | float
+        if dialect == "postgresql":
+            value = _integer(mark, -INT64_MAX - 1, "the cursor's mark")
+        else:
+            try:
+                value = float(mark)
+            except ValueError:
+                raise BadCursor(f"the cursor's mark is not a number: {mark[:40]!r}") from None
+            if not (math.isfinite(value) and abs(value) <= INT64_MAX):
+                raise BadCursor(f"the cursor's mark is out of range: {mark[:40]!r}")
         return cls(value, provider, webhook_id)
+
+
+def audit_cursor(text: str) -> int | None:
+    """The audit page's ``before``: None for the newest page, else an id (1 to 2**63-1)."""
+    if not text:
+        return None
+    return _integer(text, 1, "the audit's cursor")
+
+
+def _integer(text: str, lowest: int, what: str) -> int:
+    # Digits only: int() also takes "1_000", " 7 " and other spellings encode() never writes.
+    digits = text.removeprefix("-")
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 19:
+        raise BadCursor(f"{what} is not an integer: {text[:40]!r}")
+    value = int(text)
+    if not lowest <= value <= INT64_MAX:
+        raise BadCursor(f"{what} is out of range: {text[:40]!r}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
