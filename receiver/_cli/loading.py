@@ -8,6 +8,7 @@ import asyncio
 import datetime as dt
 import importlib
 import inspect
+import math
 import os
 import sqlite3
 import sys
@@ -39,10 +40,20 @@ def check_store_applies(args: argparse.Namespace) -> None:
 
 def load_app(spec: str) -> Any:
     module_name, _, attr = spec.partition(":")
-    if not attr:
-        raise ReceiverError(f"--app must be module:attribute, not {spec!r}")
+    if not attr or not all(part.isidentifier() for part in module_name.split(".")):
+        raise ReceiverError(f"--app must be module:attribute (e.g. myapp:rx), not {spec!r}")
     sys.path.insert(0, os.getcwd())
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        # Only the module --app names (or a package on its path) is a mistake in --app; a
+        # module that it imports and that is missing is its own bug, with its traceback.
+        if exc.name is None or not (module_name + ".").startswith(exc.name + "."):
+            raise
+        raise ReceiverError(
+            f"--app {spec}: no module named {exc.name!r} (from {os.getcwd()} and the "
+            "installed packages); check the name, or run from the directory that holds it"
+        ) from None
     try:
         return getattr(module, attr)
     except AttributeError:
@@ -99,8 +110,12 @@ def check_config_alone(args: argparse.Namespace) -> None:
 
 
 def when(seconds: float | None) -> str:
+    """UTC time to the second; '-' for none, 'never' for the ledger's infinity (a queued
+    receipt's expiry: it has no window until it finishes)."""
     if seconds is None:
         return "-"
+    if not math.isfinite(seconds) or abs(seconds) >= 1e12:
+        return "never"
     return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat(timespec="seconds")
 
 

@@ -151,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add(replay, "config", CONFIG_HELP)
     _add(replay, "provider", "with --all-failed: only this provider", "")
     _add(replay, "limit", "with --all-failed: at most this many", 100, type=int)
+    _add(
+        replay, "reason", "why, recorded in the audit with each replay", "given on the command line"
+    )
+    _add(replay, "actor", "who, recorded in the audit (default: user@host)", "")
 
     ttl = sub.add_parser(
         "ttl",

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
+import os
+import socket
 import sys
 
 import orjson
 
+from .._console import actions
 from .._exceptions import ReceiverError
 from .._ledger import keyed
 from .._ledger import receipts as ledger
 from .._ledger.receipts import Key, Receipt
 from .._store.base import Row
-from .._webhooks.outcomes import Outcome, Reply
-from .._webhooks.replay import ReplayRefused, failed_keys, replay_all
+from .._webhooks.replay import failed_keys
 from .loading import (
     config_receiver,
     existing_store,
@@ -126,6 +129,8 @@ def replay_command(args: argparse.Namespace) -> int:
     for index, value in enumerate(args.target):
         text_argument("provider" if index == 0 else "webhook id", value)
     text_argument("--provider", args.provider)
+    actor = " ".join(text_argument("--actor", args.actor or _default_actor()).split())[:100]
+    reason = actions.reason_of(text_argument("--reason", args.reason))
     rx = config_receiver(args) if args.config else load_receiver(args.app)
 
     async def run() -> int:
@@ -139,32 +144,43 @@ def replay_command(args: argparse.Namespace) -> int:
                     return 0
             progress = _Progress(len(keys)) if args.all_failed and sys.stderr.isatty() else None
             done: dict[str, int] = {}
-            async for key, result in replay_all(rx, keys):
+            failed = False
+            for key in keys:
                 name = f"{key.provider}/{key.webhook_id}"
-                if isinstance(result, ReplayRefused):
-                    outcome, line = "refused", f"refused: {result}"
+                # The console's own replay: one audit row per replay, with its outcome.
+                result: actions.Done | None = None
+                try:
+                    result = await actions.replay(rx.store, rx.replay, actor, key, None, reason)
+                except actions.ActionRefused as exc:
+                    outcome, line, failed = "refused", f"refused: {exc}", True
                 else:
-                    outcome, line = result.outcome.value, f"{name}: {_replayed(result)}"
+                    outcome, line = result.outcome, f"{name}: {result.outcome} ({result.detail})"
+                    failed = failed or not result.ok
                 done[outcome] = done.get(outcome, 0) + 1
                 if progress is not None:
                     progress.step(f"{name} {outcome}")
                 else:
                     print(line, file=sys.stderr if outcome == "refused" else sys.stdout)
-                if args.target and not isinstance(result, ReplayRefused):
-                    print(bytes(result.response.body)[:2000].decode("utf-8", "replace"))
+                if args.target and result is not None and result.reply is not None:
+                    body = bytes(result.reply.response.body)
+                    print(body[:2000].decode("utf-8", "replace"))
             if progress is not None:
                 progress.close()
             if args.all_failed:
                 summary = ", ".join(f"{n} {outcome}" for outcome, n in sorted(done.items()))
                 print(f"replayed {len(keys)}: {summary}")
-            ok = {Outcome.EXECUTED, Outcome.IGNORED, Outcome.INVALID, Outcome.RECONCILED}
-            return 0 if set(done) <= {o.value for o in ok} else 1
+            return 1 if failed else 0
 
     return asyncio.run(run())
 
 
-def _replayed(reply: Reply) -> str:
-    return f"{reply.outcome.value} (HTTP {reply.response.status_code}, fence {reply.fence})"
+def _default_actor() -> str:
+    """Who replays from a command line: the OS user, as the audit records it."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a bare container)
+        user = f"uid {os.getuid()}"
+    return f"{user}@{socket.gethostname()} (receiver replay)"
 
 
 class _Progress:

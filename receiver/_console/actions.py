@@ -15,7 +15,9 @@
 
 Bad input (no reason, a payload that is not this delivery's) is refused before anything is
 written. A replay is recorded before it runs (so an interrupted one still shows), and its
-outcome when it ends, refusals included.
+outcome when it ends, refusals and failures included. ``receiver replay`` replays through
+:func:`replay` too, so that every operator action, from the console or the command line, is
+one audit row with its outcome.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ class ActionRefused(ReceiverError):
 class ResponseLike(Protocol):
     @property
     def status_code(self) -> int: ...
+    @property
+    def body(self) -> bytes | memoryview: ...
 
 
 class ReplyLike(Protocol):
@@ -66,13 +70,32 @@ class ReplyLike(Protocol):
 Replayer = Callable[[str, str], Awaitable[ReplyLike]]
 
 
+#: The outcomes of a replay that did what the operator asked: the handlers ran (or had
+#: nothing to run, or the stored payload is answered 4xx for good), or the delivery went back
+#: to the workers. Any other outcome (the handlers failed again, ...) is a failed replay.
+SUCCEEDED = frozenset({"executed", "ignored", "invalid_payload", "reconciled", "queued"})
+
+
 @dataclass(frozen=True, slots=True)
 class Done:
-    """What an action did, for the page that follows it."""
+    """What an action did, for the page (or the command) that follows it."""
 
     audit_id: int
     outcome: str
     detail: str
+    #: False when the action ran but did not do what was asked (a replay whose handlers
+    #: failed again): said so, never shown as a success.
+    ok: bool = True
+    #: A replay's answer (the command line prints its body).
+    reply: ReplyLike | None = None
+
+    def notice(self, action: str) -> str:
+        """One line for the operator: ``Replayed: executed (HTTP 200, fence 3)``, or
+        ``Replay FAILED: handler_failed (...)``."""
+        verb = {"replay": ("Replayed", "Replay"), "rerun": ("Re-run", "Re-run")}[action]
+        if self.ok:
+            return f"{verb[0]}: {self.outcome} ({self.detail})"
+        return f"{verb[1]} FAILED: {self.outcome} ({self.detail})"
 
 
 def reason_of(text: str) -> str:
@@ -118,13 +141,14 @@ async def _finish(store: Store, audit_id: int, outcome: str, detail: str) -> Non
         await conn.run("console_audit_done", audit_id, outcome, detail[:MAX_REASON])
 
 
-async def _current(store: Store, key: Key, fence: int) -> Receipt:
-    """The receipt as the operator saw it (same fence), or a refusal."""
+async def _current(store: Store, key: Key, fence: int | None) -> Receipt:
+    """The receipt as the operator saw it (same fence; any fence for None, from a command
+    line that did not look first), or a refusal."""
     async with store.acquire() as conn:
         receipt = await ledger.lookup(conn, key, store.now())
     if receipt is None:
         raise ActionRefused(f"no receipt for {key.provider}/{key.webhook_id}")
-    if receipt.fence != fence:
+    if fence is not None and receipt.fence != fence:
         raise ActionRefused(
             f"{key.provider}/{key.webhook_id} changed since you looked (fence {fence}, now "
             f"{receipt.fence}): look again"
@@ -133,15 +157,23 @@ async def _current(store: Store, key: Key, fence: int) -> Receipt:
 
 
 def _described(reply: ReplyLike) -> str:
+    if reply.fence is None:  # queued again: the workers' attempt takes the next fence
+        return f"HTTP {reply.response.status_code}, due now for the workers"
     return f"HTTP {reply.response.status_code}, fence {reply.fence}"
 
 
+def _replayed(audit_id: int, reply: ReplyLike) -> Done:
+    outcome = str(reply.outcome)
+    return Done(audit_id, outcome, _described(reply), outcome in SUCCEEDED, reply)
+
+
 async def replay(
-    store: Store, replayer: Replayer, actor: str, key: Key, fence: int, reason_text: str
+    store: Store, replayer: Replayer, actor: str, key: Key, fence: int | None, reason_text: str
 ) -> Done:
-    """Run a stored failed, released or stale delivery again (never a completed one)."""
+    """Run a stored failed, released or stale delivery again (never a completed one).
+    ``fence`` is the one the operator saw (None: whichever is current)."""
     reason = reason_of(reason_text)
-    await _current(store, key, fence)
+    fence = (await _current(store, key, fence)).fence
     async with store.acquire() as conn:
         audit_id = await _record(conn, store, actor, "replay", key, fence, reason, None)
     try:
@@ -152,9 +184,9 @@ async def replay(
     except BaseException as exc:
         await _finish(store, audit_id, "error", type(exc).__name__)
         raise
-    outcome = str(reply.outcome)
-    await _finish(store, audit_id, outcome, _described(reply))
-    return Done(audit_id, outcome, _described(reply))
+    done = _replayed(audit_id, reply)
+    await _finish(store, audit_id, done.outcome, done.detail)
+    return done
 
 
 async def rerun(
@@ -209,9 +241,9 @@ async def rerun(
     except BaseException as exc:
         await _finish(store, audit_id, "error", type(exc).__name__)
         raise
-    outcome = str(reply.outcome)
-    await _finish(store, audit_id, outcome, _described(reply))
-    return Done(audit_id, outcome, _described(reply))
+    done = _replayed(audit_id, reply)
+    await _finish(store, audit_id, done.outcome, done.detail)
+    return done
 
 
 async def settle(

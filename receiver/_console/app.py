@@ -403,14 +403,14 @@ class Console:
             form.get("payload", "").encode(),
             form.get("confirm", ""),
         )
-        return self._done(view, key, f"Re-run: {done.outcome} ({done.detail})")
+        return self._done(view, key, done.notice("rerun"))
 
     async def _replay(self, request: Request, view: pages.View) -> Response:
         form, key, fence, actor = self._action_input(request, view)
         done = await actions.replay(
             self.store, self._replayer(), actor, key, fence, form.get("reason", "")
         )
-        return self._done(view, key, f"Replayed: {done.outcome} ({done.detail})")
+        return self._done(view, key, done.notice("replay"))
 
     def _settle(
         self, decision: str
