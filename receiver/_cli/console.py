@@ -1,24 +1,28 @@
 """``receiver console``: the operator console served alone, behind a token.
 
 The token comes from ``RECEIVER_CONSOLE_TOKEN`` or ``--token-file`` (never the command line,
-which other users of the machine can read). With ``--app`` or ``--config`` the console replays
-with that Receiver's handlers; with ``--store`` alone it shows the ledger and settles what
-needs review, but cannot run handlers.
+which other users of the machine can read); ``--console-operators FILE`` names operators
+instead, each with a token of their own and a role (a TOML file of ``[[operator]]`` tables:
+``name``, ``role`` = ``"operator"`` or ``"read-only"``, and ``token_sha256`` or ``token``).
+``--end-sessions`` ends every console session in the ledger and exits. With ``--app`` or
+``--config`` the console replays with that Receiver's handlers; with ``--store`` alone it shows
+the ledger and settles what needs review, but cannot run handlers.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 
-from .._console import Console
+from .._console import Console, sessions
 from .._exceptions import ReceiverError
-from .loading import DEFAULT_APP, config_receiver, load_receiver
+from .loading import DEFAULT_APP, config_receiver, existing_store, load_receiver, read
 
 TOKEN_ENV = "RECEIVER_CONSOLE_TOKEN"  # noqa: S105 (the variable's name, not a token)
 
@@ -34,7 +38,13 @@ def add_console_parser(sub: Any, add: Callable[..., None]) -> None:
     add(parser, "host", "interface to bind", "127.0.0.1")
     add(parser, "port", "port to bind", 8100, type=int)
     add(parser, "token-file", f"a file holding the token (else the env var {TOKEN_ENV})")
+    add(parser, "console-operators", "a TOML file of [[operator]] tables: name, role, token_sha256")
     add(parser, "log-level", "uvicorn log level", "info")
+    parser.add_argument(
+        "--end-sessions",
+        action="store_true",
+        help="end every console session in the ledger (everyone signs in again), and exit",
+    )
     for flag, help in (
         ("read-only", "show everything, change nothing"),
         ("show-payloads", "show payloads and stored answers (redacted); hidden by default"),
@@ -46,6 +56,32 @@ def add_console_parser(sub: Any, add: Callable[..., None]) -> None:
             default=os.environ.get(env, "") not in ("", "0", "false"),
             help=f"{help} [env {env}]",
         )
+
+
+def read_operators(path: str) -> list[dict[str, str]]:
+    """The ``[[operator]]`` tables of a TOML file."""
+    try:
+        doc = tomllib.loads(Path(path).read_text("utf-8"))
+    except OSError as exc:
+        raise ReceiverError(f"cannot read --console-operators {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ReceiverError(f"--console-operators {path} is not valid TOML: {exc}") from None
+    entries = doc.get("operator")
+    if not isinstance(entries, list) or not entries or set(doc) != {"operator"}:
+        raise ReceiverError(
+            f"--console-operators {path} must hold [[operator]] tables only (name, role, "
+            "token_sha256)"
+        )
+    found = []
+    for entry in entries:
+        unknown = set(entry) - {"name", "role", "token", "token_sha256"}
+        if unknown or not all(isinstance(v, str) for v in entry.values()):
+            raise ReceiverError(
+                f"--console-operators {path}: an operator has unknown or non-text keys "
+                f"({', '.join(sorted(unknown)) or 'a value is not a string'})"
+            )
+        found.append(dict(entry))
+    return found
 
 
 def read_token(token_file: str | None) -> str:
@@ -66,9 +102,12 @@ def read_token(token_file: str | None) -> str:
 
 
 def build_console(args: argparse.Namespace) -> Console:
-    token = read_token(args.token_file)
+    operators = read_operators(args.console_operators) if args.console_operators else []
+    given = args.token_file or os.environ.get(TOKEN_ENV, "").strip()
+    token = read_token(args.token_file) if given or not operators else None
     options: dict[str, Any] = {
         "token": token,
+        "operators": operators,
         "read_only": args.read_only,
         "show_payloads": args.show_payloads,
     }
@@ -92,6 +131,29 @@ def build_console(args: argparse.Namespace) -> Console:
 
 
 def console_command(args: argparse.Namespace) -> int:
+    if args.end_sessions:
+        return end_sessions(args)
     console = build_console(args)
     uvicorn.run(console, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
+    return 0
+
+
+def end_sessions(args: argparse.Namespace) -> int:
+    """End every console session: each operator's next page asks them to sign in again."""
+    if args.config:
+        args.app = DEFAULT_APP  # what config_receiver takes for "no --app"
+        store = config_receiver(args).store
+    elif args.app:
+        store = load_receiver(args.app).store
+    elif args.store:
+        store = existing_store(args.store)
+    else:
+        raise ReceiverError("say which ledger: --store URL (or --app / --config)")
+
+    async def run() -> int:
+        async with store:
+            return await sessions.end_all(store)
+
+    ended = read(store, run)
+    print(f"ended {ended} console session(s): every operator signs in again")
     return 0

@@ -30,11 +30,10 @@ from .._ops.metrics import Metrics
 from .._store.base import Store
 from .._store.migrations import missing
 from .._store.url import store_from_url
-from . import actions, auth, overview, pages, queries, receipt
-from .html import Html, esc, link, render, static, url
+from . import actions, auth, operate, overview, pages, queries, receipt, sessions
+from .forms import BadRequest, read_form
+from .html import Html, esc, link, render, static
 
-#: The largest form accepted (a re-run's pasted payload is the big one).
-MAX_FORM = 2 * 1024 * 1024
 _SINCE = {"1h": 3600, "24h": 86400, "7d": 7 * 86400}
 
 Actor = Callable[[Request], str | None]
@@ -68,6 +67,9 @@ class Console:
 
     - ``token``: require it (a session after signing in); without one the console trusts
       whoever the host application lets reach it.
+    - ``operators``: tokens of named operators instead (or as well): mappings with ``name``,
+      ``role`` (``operator`` or ``read-only``) and ``token`` or ``token_sha256``; the audit
+      records each action under its operator's name.
     - ``read_only``: show everything, change nothing.
     - ``show_payloads``: show payloads and stored answers (redacted); hidden by default.
     - ``actor``: who is acting, from a request of the host app (default: the user set by
@@ -81,6 +83,7 @@ class Console:
         *,
         receiver: ReceiverLike | None = None,
         token: str | None = None,
+        operators: Sequence[Mapping[str, str]] = (),
         read_only: bool = False,
         show_payloads: bool = False,
         actor: Actor | None = None,
@@ -93,7 +96,11 @@ class Console:
             store = store_from_url(store)
         self.store: Store = store if store is not None else receiver.store  # type: ignore[union-attr]
         self.receiver = receiver
-        self.auth = None if token is None else auth.TokenAuth(token)
+        self.auth = None
+        self.signin = None
+        if token is not None or operators:
+            self.auth = auth.TokenAuth(token, operators)
+            self.signin = sessions.SignIn(self.store, self.auth)
         self.read_only = read_only
         self.show_payloads = show_payloads
         self.actor = actor
@@ -115,11 +122,13 @@ class Console:
                 Route("/keys", page(self._list("idem")), methods=get),
                 Route("/attention", page(self._attention), methods=get),
                 Route("/receipt", page(self._receipt), methods=get),
-                Route("/rerun", page(self._rerun), methods=both),
-                Route("/replay", page(self._replay), methods=post),
-                Route("/resolve", page(self._settle("resolve")), methods=post),
-                Route("/fail", page(self._settle("fail")), methods=post),
+                Route("/rerun", page(operate.rerun(self)), methods=both),
+                Route("/replay", page(operate.replay(self)), methods=post),
+                Route("/resolve", page(operate.settle(self, "resolve")), methods=post),
+                Route("/fail", page(operate.settle(self, "fail")), methods=post),
                 Route("/audit", page(self._audit), methods=get),
+                Route("/sessions", page(self._sessions), methods=get),
+                Route("/sessions/end", page(self._end_sessions), methods=post),
                 Route("/login", self._login, methods=both),
                 Route("/logout", self._logout, methods=post),
                 Route("/console.css", self._css, methods=get),
@@ -151,31 +160,46 @@ class Console:
 
     # -- the frame of every page ---------------------------------------------------------------
 
-    def _who(self, request: Request) -> tuple[bool, str | None]:
-        """(allowed, actor): the signed-in operator with a token; else the host's user."""
+    async def _who(self, request: Request) -> tuple[bool, str | None, str]:
+        """(allowed, actor, role): the signed-in operator with tokens; else the host's user.
+        The session found (if any) is kept on the request, with its notice."""
+        session = await sessions.lookup(self.store, request.cookies.get(auth.SESSION_COOKIE))
         if self.auth is not None:
-            name = self.auth.session(request.cookies.get(auth.SESSION_COOKIE), time.time())
-            return name is not None, name
+            credential = None
+            if session is not None and session.role != sessions.BROWSER:
+                credential = self.auth.current(session.credential)
+            if session is None or credential is None:
+                return False, None, ""
+            request.state.session = session
+            return True, session.operator, credential.role
+        if session is not None and session.role == sessions.BROWSER:
+            request.state.session = session
         if self.actor is not None:
-            return True, self.actor(request)
+            return True, self.actor(request), "operator"
         user = request.scope.get("user")
         if user is not None and getattr(user, "is_authenticated", False):
-            return True, str(getattr(user, "display_name", "") or "") or None
-        return True, None
+            return True, str(getattr(user, "display_name", "") or "") or None, "operator"
+        return True, None, "operator"
 
-    def _page(
-        self, handler: Callable[[Request, pages.View], Awaitable[Response | tuple[str, Html]]]
-    ) -> Callable[[Request], Awaitable[Response]]:
+    def _page(self, handler: operate.Handler) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
-            allowed, actor = self._who(request)
+            try:
+                await self._check_schema()
+                allowed, actor, role = await self._who(request)
+            except (StoreUnavailable, SchemaOutdated) as exc:
+                message = f"The ledger is unavailable ({type(exc).__name__}): {exc}"
+                response: Response = HTMLResponse(esc(message), 503)
+                auth.set_cookies(request, response)
+                return response
             if not allowed:
-                response: Response = self._login_page(request, "", 401)
+                assert self.signin is not None
+                response = self.signin.page(request, "", 401)
             else:
                 view = pages.View(
                     root=request.scope.get("root_path", "").rstrip("/"),
                     csrf=auth.csrf_token(request),
                     actor=actor,
-                    read_only=self.read_only,
+                    read_only=self.read_only or role == "read-only",
                     show_payloads=self.show_payloads,
                     can_replay=self.receiver is not None,
                     redact_fields=self.redact_fields,
@@ -187,40 +211,49 @@ class Console:
         return endpoint
 
     async def _answer(
-        self,
-        request: Request,
-        view: pages.View,
-        handler: Callable[[Request, pages.View], Awaitable[Response | tuple[str, Html]]],
+        self, request: Request, view: pages.View, handler: operate.Handler
     ) -> Response:
         try:
             if request.method == "POST":
-                refusal = await self._refuse_post(request)
+                refusal = await self._refuse_post(request, view)
                 if refusal is not None:
-                    return self._frame(request, view, "Refused", pages.error(refusal), 403)
+                    return await self._frame(request, view, "Refused", pages.error(refusal), 403)
             if any("\x00" in v for v in request.query_params.values()):
-                raise _BadRequest("a query parameter holds a NUL character, which no receipt has")
-            await self._check_schema()
+                raise BadRequest("a query parameter holds a NUL character, which no receipt has")
             result = await handler(request, view)
+            if isinstance(result, Response):
+                return result
+            title, body = result
+            return await self._frame(request, view, title, body)
         except actions.ActionRefused as exc:
-            return self._frame(request, view, "Not done", pages.error(str(exc)), 409)
-        except (_BadRequest, queries.BadCursor) as exc:
-            return self._frame(request, view, "Bad request", pages.error(str(exc)), 400)
+            return await self._frame(request, view, "Not done", pages.error(str(exc)), 409)
+        except (BadRequest, queries.BadCursor) as exc:
+            return await self._frame(request, view, "Bad request", pages.error(str(exc)), 400)
         except (StoreUnavailable, SchemaOutdated) as exc:
             message = f"The ledger is unavailable ({type(exc).__name__}): {exc}"
-            return self._frame(request, view, "Unavailable", pages.error(message), 503)
-        if isinstance(result, Response):
-            return result
-        title, body = result
-        return self._frame(request, view, title, body)
+            return HTMLResponse(esc(message), 503)
 
-    async def _refuse_post(self, request: Request) -> str | None:
-        if self.read_only:
-            return "this console is read-only: nothing can be changed from it"
-        form = await _form(request)
+    async def _refuse_post(self, request: Request, view: pages.View) -> str | None:
+        if view.read_only:
+            who = "this console is" if self.read_only else "you are signed in"
+            return f"{who} read-only: nothing can be changed from it"
+        form = await read_form(request)
         request.state.form = form
         return auth.csrf_refusal(request, form)
 
-    def _frame(
+    async def redirect(self, request: Request, href: str, notice: str) -> Response:
+        """Answer an action: to the page that shows its result, whose notice waits in the
+        session (a console without sign-in makes this browser a notices-only session)."""
+        response = RedirectResponse(href, 303)
+        session: sessions.Session | None = getattr(request.state, "session", None)
+        if session is not None and await sessions.notify(self.store, session.id, notice):
+            return response
+        if self.auth is None:
+            secret = await sessions.start(self.store, "", sessions.BROWSER, "", notice)
+            sessions.set_cookie(request, response, secret)
+        return response
+
+    async def _frame(
         self, request: Request, view: pages.View, title: str, body: Html, status: int = 200
     ) -> HTMLResponse:
         nav_items = [
@@ -238,16 +271,21 @@ class Console:
         )
         who = esc(view.actor or "")
         if self.auth is not None:
-            who = f"signed in as {who} " + (
-                f'<form method="post" action="{esc(view.root)}/logout">'
-                f'<input type="hidden" name="csrf" value="{esc(view.csrf)}">'
-                '<button type="submit">Sign out</button></form>'
+            who = (
+                f"signed in as {who} "
+                + link(view.root + "/sessions", "sessions")
+                + (
+                    f'<form method="post" action="{esc(view.root)}/logout">'
+                    f'<input type="hidden" name="csrf" value="{esc(view.csrf)}">'
+                    '<button type="submit">Sign out</button></form>'
+                )
             )
         elif view.actor:
             who = f"{who} (from the host app)"
-        if self.read_only:
+        if view.read_only:
             who += ' <span class="badge">read-only</span>'
-        message = request.query_params.get("msg", "")
+        session: sessions.Session | None = getattr(request.state, "session", None)
+        message = None if session is None else await sessions.take_notice(self.store, session)
         notice = f'<div class="notice">{esc(message)}</div>' if message else ""
         footer = esc(f"ledger: {self.store.url}") + (
             "" if self.receiver is not None else esc(" · no handlers: replays are off")
@@ -366,11 +404,11 @@ class Console:
             page = await queries.attention(conn, which, provider, cursor, self.store.now())
         return "Needs attention", pages.attention(view, which, provider, page, known)
 
-    async def _lookup(self, request: Request) -> tuple[ledger.Receipt, list[Any], list[Any]]:
+    async def lookup(self, request: Request) -> tuple[ledger.Receipt, list[Any], list[Any]]:
         provider = request.query_params.get("provider", "")
         webhook_id = request.query_params.get("id", "")
         if not provider or not webhook_id:
-            raise _BadRequest("name the receipt: ?provider=...&id=...")
+            raise BadRequest("name the receipt: ?provider=...&id=...")
         async with self.store.acquire() as conn:
             found = await ledger.lookup(conn, Key(provider, webhook_id), self.store.now())
             if found is None:
@@ -382,86 +420,9 @@ class Console:
         return found, attempts, audit
 
     async def _receipt(self, request: Request, view: pages.View) -> tuple[str, Html]:
-        found, attempts, audit = await self._lookup(request)
+        found, attempts, audit = await self.lookup(request)
         title = f"{found.key.provider} / {found.key.webhook_id}"
         return title, receipt.page(view, found, attempts, audit)
-
-    async def _rerun(self, request: Request, view: pages.View) -> Response | tuple[str, Html]:
-        if request.method == "GET":
-            if self.read_only or self.receiver is None:
-                raise actions.ActionRefused("re-runs need a console with handlers, not read-only")
-            found, _, _ = await self._lookup(request)
-            return "Run a completed delivery again", receipt.rerun(view, found)
-        form, key, fence, actor = self._action_input(request, view)
-        done = await actions.rerun(
-            self.store,
-            self._replayer(),
-            actor,
-            key,
-            fence,
-            form.get("reason", ""),
-            form.get("payload", "").encode(),
-            form.get("confirm", ""),
-        )
-        return self._done(view, key, done.notice("rerun"))
-
-    async def _replay(self, request: Request, view: pages.View) -> Response:
-        form, key, fence, actor = self._action_input(request, view)
-        done = await actions.replay(
-            self.store, self._replayer(), actor, key, fence, form.get("reason", "")
-        )
-        return self._done(view, key, done.notice("replay"))
-
-    def _settle(
-        self, decision: str
-    ) -> Callable[[Request, pages.View], Awaitable[Response | tuple[str, Html]]]:
-        async def handler(request: Request, view: pages.View) -> Response:
-            form, key, fence, actor = self._action_input(request, view)
-            done = await actions.settle(
-                self.store,
-                actor,
-                key,
-                fence,
-                decision,
-                form.get("reason", ""),
-                form.get("answer", ""),
-            )
-            return self._done(view, key, f"{done.outcome.capitalize()}: {done.detail}")
-
-        return handler
-
-    def _replayer(self) -> actions.Replayer:
-        if self.receiver is None:
-            raise actions.ActionRefused(
-                "this console has no handlers (started with a store only): start it with "
-                "--app, or run `receiver replay`"
-            )
-        return self.receiver.replay
-
-    def _action_input(
-        self, request: Request, view: pages.View
-    ) -> tuple[dict[str, str], Key, int, str]:
-        form: dict[str, str] = request.state.form
-        provider, webhook_id = form.get("provider", ""), form.get("id", "")
-        if not provider or not webhook_id:
-            raise _BadRequest("the form names no receipt")
-        try:
-            fence = int(form.get("fence", ""))
-        except ValueError:
-            raise _BadRequest("the form carries no fence") from None
-        actor = view.actor
-        if actor is None:
-            typed = " ".join(form.get("operator", "").split())[:100]
-            if not typed:
-                raise _BadRequest("say who you are: your name is recorded with the action")
-            actor = f"{typed} (as typed)"
-        return form, Key(provider, webhook_id), fence, actor
-
-    def _done(self, view: pages.View, key: Key, message: str) -> Response:
-        href = url(
-            view.root, "/receipt", {"provider": key.provider, "id": key.webhook_id, "msg": message}
-        )
-        return RedirectResponse(href, 303)
 
     async def _audit(self, request: Request, view: pages.View) -> tuple[str, Html]:
         before = queries.audit_cursor(request.query_params.get("before", ""))
@@ -470,77 +431,35 @@ class Console:
         next_id = rows[-1].id if len(rows) == queries.PAGE else None
         return "Audit: operator actions", pages.audit(view, rows, next_id)
 
-    # -- signing in ----------------------------------------------------------------------------
-
-    def _login_page(
-        self, request: Request, notice: str, status: int, target: str = ""
-    ) -> HTMLResponse:
-        root = request.scope.get("root_path", "").rstrip("/")
+    async def _sessions(self, request: Request, view: pages.View) -> tuple[str, Html]:
         if self.auth is None:
-            return HTMLResponse("the console trusts its host application here", 404)
-        if not target:
-            here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-            login = request.url.path.removeprefix(root) in ("/login", "")
-            target = root + "/" if login else here
-        text = "You must sign in with the console's token." if status == 401 else notice
-        page = render(
-            "login.html",
-            root=esc(root),
-            csrf=esc(auth.csrf_token(request)),
-            next=esc(target),
-            notice=f'<div class="notice error">{esc(notice or text)}</div>' if text else "",
-        )
-        return HTMLResponse(page, status)
+            raise actions.ActionRefused("this console has no sign-in: its host application's")
+        live = await sessions.listed(self.store)
+        return "Sessions", sessions.page(view, live)
+
+    async def _end_sessions(self, request: Request, view: pages.View) -> Response:
+        """End every session, this one too: every operator signs in again."""
+        if self.auth is None:
+            raise actions.ActionRefused("this console has no sign-in: its host application's")
+        await sessions.end_all(self.store)
+        return RedirectResponse(view.root + "/login", 303)
 
     async def _login(self, request: Request) -> Response:
-        if request.method == "GET" or self.auth is None:
-            response: Response = self._login_page(request, "", 200)
-            auth.set_cookies(request, response)
-            return response
+        if self.signin is None:
+            return HTMLResponse("the console trusts its host application here", 404)
         try:
-            form = await _form(request)
-        except _BadRequest:
-            form = {}
-        refusal = auth.csrf_refusal(request, form)
-        name = " ".join(form.get("name", "").split())[:100]
-        if refusal is None and not name:
-            refusal = "give your name: it is recorded with every action you take"
-        if refusal is None and not self.auth.check(form.get("token", "")):
-            await asyncio.sleep(0.5)  # a guess costs time
-            refusal = "wrong token"
-        root = request.scope.get("root_path", "").rstrip("/")
-        target = form.get("next", "")
-        if not target.startswith(root + "/") or target.startswith("//"):
-            target = root + "/"
-        if refusal is not None:
-            status = 401 if refusal == "wrong token" else 403
-            response = self._login_page(request, refusal, status, target)
-            auth.set_cookies(request, response)
-            return response
-        response = RedirectResponse(target, 303)
-        response.set_cookie(
-            auth.SESSION_COOKIE,
-            self.auth.issue(name, time.time()),
-            max_age=auth.SESSION_SECONDS,
-            path=auth.cookie_path(request),
-            httponly=True,
-            samesite="strict",
-            secure=request.url.scheme == "https",
-        )
-        auth.set_cookies(request, response)
-        return response
+            await self._check_schema()
+            return await self.signin.login(request)
+        except (StoreUnavailable, SchemaOutdated) as exc:
+            return HTMLResponse(esc(f"The ledger is unavailable: {exc}"), 503)
 
     async def _logout(self, request: Request) -> Response:
+        if self.signin is None:
+            return HTMLResponse("the console trusts its host application here", 404)
         try:
-            form = await _form(request)
-        except _BadRequest:
-            form = {}
-        root = request.scope.get("root_path", "").rstrip("/")
-        if auth.csrf_refusal(request, form) is not None:
-            return HTMLResponse("refused: no valid CSRF token", 403)
-        response = RedirectResponse(root + "/login", 303)
-        response.delete_cookie(auth.SESSION_COOKIE, path=auth.cookie_path(request))
-        return response
+            return await self.signin.logout(request)
+        except (StoreUnavailable, SchemaOutdated) as exc:
+            return HTMLResponse(esc(f"The ledger is unavailable: {exc}"), 503)
 
     async def _css(self, request: Request) -> Response:
         return Response(
@@ -548,28 +467,3 @@ class Console:
             media_type="text/css",
             headers={"cache-control": "max-age=3600"},
         )
-
-
-class _BadRequest(ReceiverError):
-    """The request names nothing the console can act on."""
-
-
-async def _form(request: Request) -> dict[str, str]:
-    """An urlencoded form, bounded in size (no multipart: the console's forms never upload)."""
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind != "application/x-www-form-urlencoded":
-        return {}
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_FORM:
-            raise _BadRequest(f"the form is larger than {MAX_FORM} bytes")
-    try:
-        pairs = urllib.parse.parse_qsl(
-            body.decode(), keep_blank_values=True, max_num_fields=50, strict_parsing=False
-        )
-    except (UnicodeDecodeError, ValueError):
-        raise _BadRequest("the form is not valid urlencoded UTF-8") from None
-    if any("\x00" in v for _, v in pairs):
-        raise _BadRequest("a form field holds a NUL character, which the ledger cannot store")
-    return dict(pairs)

@@ -1,9 +1,11 @@
 """Who may use the console, and proof that a state change came from its own page.
 
-Served alone the console requires a token (from the environment or a file): a person signs in
-once with it and a name, and gets a session cookie signed with a key derived from the token
-(changing the token ends every session). The token is compared in constant time, as its
-sha256, so that neither its content nor its length shows in the timing. Mounted inside an
+Served alone the console requires a token (from the environment or a file), or one token per
+operator (each with a name and a role: ``operator`` or ``read-only``): a person signs in once
+and gets a session cookie holding a random secret, whose row in the ledger says who they are
+(receiver/_console/sessions.py: sign-out and expiry end it on the server; changing a token ends
+the sessions it opened). A token is compared in constant time, as its sha256, so that neither
+its content nor its length shows in the timing. Mounted inside an
 application without a token, the console trusts the host's authentication: whoever reaches it
 is the host's to decide.
 
@@ -15,13 +17,12 @@ site (``Sec-Fetch-Site``). Nothing changes on a GET.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -35,10 +36,12 @@ SESSION_SECONDS = 12 * 3600
 #: and anyone who can reach its port.
 MIN_TOKEN_LENGTH = 16
 
-#: Sent with every page: nothing from elsewhere (no script at all), no framing, no referrer.
+#: Sent with every page: nothing from elsewhere (the one script is the console's own, for the
+#: live overview's updates), no framing, no referrer.
 SECURITY_HEADERS = {
     "content-security-policy": (
         "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
+        "script-src 'self'; connect-src 'self'; "
         "frame-ancestors 'none'; base-uri 'none'"
     ),
     "x-content-type-options": "nosniff",
@@ -48,47 +51,102 @@ SECURITY_HEADERS = {
 }
 
 
+ROLES = ("operator", "read-only")
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    """Who a token signs in: a named operator (``name`` None: the shared token, whose holder
+    types a name at sign-in), their role, and the token's fingerprint (a session keeps it, so
+    that changing or removing a token ends the sessions it opened)."""
+
+    name: str | None
+    role: str
+    fingerprint: str
+
+
 class TokenAuth:
-    """Sign-in with a shared token, and the signed session cookie that follows."""
+    """Sign-in with a token: the console's shared one, or one per operator (name and role).
 
-    def __init__(self, token: str) -> None:
-        token = token.strip()
-        if len(token) < MIN_TOKEN_LENGTH:
-            raise ConfigurationError(
-                f"the console token must be at least {MIN_TOKEN_LENGTH} characters (it is "
-                f"{len(token)}): generate one, e.g. python -c 'import secrets; "
-                "print(secrets.token_urlsafe(32))'"
-            )
-        self._digest = hashlib.sha256(token.encode()).digest()
-        self._key = hmac.digest(self._digest, b"receiver-console-session", "sha256")
+    ``operators`` are mappings with ``name``, ``role`` (``operator`` or ``read-only``, default
+    ``operator``) and either ``token`` or ``token_sha256`` (the hex sha256 of the token, so
+    that the file naming the operators holds no secret).
+    """
 
-    def check(self, given: str) -> bool:
-        """Constant time in the token's content and length."""
-        return hmac.compare_digest(hashlib.sha256(given.strip().encode()).digest(), self._digest)
+    def __init__(
+        self, token: str | None = None, operators: Sequence[Mapping[str, str]] = ()
+    ) -> None:
+        self._entries: list[tuple[bytes, Credential]] = []
+        if token is not None:
+            self._add(_digest_of(token), None, "operator")
+        names: set[str] = set()
+        for entry in operators:
+            name = " ".join(str(entry.get("name", "")).split())[:100]
+            if not name or name in names:
+                raise ConfigurationError(
+                    f"each console operator needs a name of its own (got {name!r})"
+                )
+            names.add(name)
+            role = str(entry.get("role", "operator"))
+            if role not in ROLES:
+                raise ConfigurationError(
+                    f"operator {name!r}: role {role!r} is not one of {', '.join(ROLES)}"
+                )
+            if "token_sha256" in entry:
+                try:
+                    digest = bytes.fromhex(str(entry["token_sha256"]))
+                except ValueError:
+                    digest = b""
+                if len(digest) != 32:
+                    raise ConfigurationError(
+                        f"operator {name!r}: token_sha256 must be 64 hex digits (the sha256 "
+                        "of the token)"
+                    )
+            elif "token" in entry:
+                digest = _digest_of(str(entry["token"]))
+            else:
+                raise ConfigurationError(f"operator {name!r} has no token (or token_sha256)")
+            self._add(digest, name, role)
+        if not self._entries:
+            raise ConfigurationError("the console's sign-in needs a token or an operator")
+        if len({d for d, _ in self._entries}) != len(self._entries):
+            raise ConfigurationError("two console operators have the same token")
+        self._fingerprints = {c.fingerprint: c for _, c in self._entries}
 
-    def issue(self, name: str, now: float) -> str:
-        payload = orjson.dumps(
-            {"name": name, "until": int(now) + SESSION_SECONDS, "nonce": secrets.token_hex(8)}
+    def _add(self, digest: bytes, name: str | None, role: str) -> None:
+        mark = hmac.digest(digest, b"receiver-console-session", "sha256").hex()[:32]
+        self._entries.append((digest, Credential(name, role, mark)))
+
+    @property
+    def named(self) -> bool:
+        """Every token names its operator (no name is typed at sign-in)."""
+        return all(c.name is not None for _, c in self._entries)
+
+    def check(self, given: str) -> Credential | None:
+        """The credential of this token, or None. Every entry is compared, each in constant
+        time in the token's content and length (as its sha256)."""
+        digest = hashlib.sha256(given.strip().encode()).digest()
+        found = None
+        for known, credential in self._entries:
+            if hmac.compare_digest(digest, known):
+                found = credential
+        return found
+
+    def current(self, fingerprint: str) -> Credential | None:
+        """The credential a session was opened with, if its token is still configured (its
+        role as configured now)."""
+        return self._fingerprints.get(fingerprint)
+
+
+def _digest_of(token: str) -> bytes:
+    token = token.strip()
+    if len(token) < MIN_TOKEN_LENGTH:
+        raise ConfigurationError(
+            f"a console token must be at least {MIN_TOKEN_LENGTH} characters (it is "
+            f"{len(token)}): generate one, e.g. python -c 'import secrets; "
+            "print(secrets.token_urlsafe(32))'"
         )
-        body = base64.urlsafe_b64encode(payload).decode().rstrip("=")
-        return f"{body}.{self._sign(body)}"
-
-    def session(self, cookie: str | None, now: float) -> str | None:
-        """The signed-in operator's name, or None for a missing, forged or expired cookie."""
-        if not cookie or "." not in cookie:
-            return None
-        body, _, mac = cookie.rpartition(".")
-        if not hmac.compare_digest(mac, self._sign(body)):
-            return None
-        try:
-            data = orjson.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
-            name, until = str(data["name"]), int(data["until"])
-        except (ValueError, KeyError, TypeError):
-            return None
-        return name if until > now else None
-
-    def _sign(self, body: str) -> str:
-        return hmac.digest(self._key, body.encode(), "sha256").hex()
+    return hashlib.sha256(token.encode()).digest()
 
 
 def csrf_token(request: Request) -> str:

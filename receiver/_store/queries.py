@@ -36,10 +36,15 @@ def _read(filename: str) -> str:
     return importlib.resources.files("receiver._store").joinpath("sql", filename).read_text("utf-8")
 
 
+#: The statement files of each dialect, ``<part>.<dialect>.sql``: the ledger's, and the
+#: console's sessions, bulk replays and live numbers (kept apart, one concern per file).
+PARTS = ("queries", "console")
+
+
 @functools.cache
 def queries(dialect: str) -> Mapping[str, str]:
-    """The named statements of one dialect."""
-    return parse(_read(f"queries.{dialect}.sql"))
+    """The named statements of one dialect (every part's; a name defined twice is refused)."""
+    return parse("\n".join(_read(f"{part}.{dialect}.sql") for part in PARTS))
 
 
 @functools.cache
