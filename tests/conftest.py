@@ -55,7 +55,10 @@ def pg_url(pg_admin_url: str) -> Iterator[str]:
 async def truncate(url: str) -> None:
     conn = await asyncpg.connect(url)
     try:
-        await conn.execute("TRUNCATE receiver_receipts, receiver_attempts, effects")
+        await conn.execute(
+            "TRUNCATE receiver_receipts, receiver_attempts, receiver_audit, "
+            "receiver_console_sessions, receiver_bulk_jobs, receiver_bulk_items, effects"
+        )
     finally:
         await conn.close()
 

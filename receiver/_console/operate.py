@@ -8,20 +8,35 @@ the operator's session (receiver/_console/sessions.py), never in the URL.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .._ledger import receipts as ledger
 from .._ledger.receipts import Key
+from .._store.base import Store
 from . import actions, pages, receipt
 from .forms import BadRequest
 from .html import Html, url
 
-if TYPE_CHECKING:
-    from .app import Console
-
 Handler = Callable[[Request, pages.View], Awaitable[Response | tuple[str, Html]]]
+
+
+class ReplayerLike(Protocol):
+    async def replay(self, provider: str, webhook_id: str) -> actions.ReplyLike: ...
+
+
+class Console(Protocol):
+    """What these routes use of the console (receiver._console.app.Console), named
+    structurally so that the app imports this module and not the other way round."""
+
+    @property
+    def store(self) -> Store: ...
+    @property
+    def receiver(self) -> ReplayerLike | None: ...
+    async def lookup(self, request: Request) -> tuple[ledger.Receipt, list[Any], list[Any]]: ...
+    async def redirect(self, request: Request, href: str, notice: str) -> Response: ...
 
 
 def replayer(console: Console) -> actions.Replayer:

@@ -97,6 +97,8 @@ CLI = {
     "console": [
         "--app",
         "--config",
+        "--console-operators",
+        "--end-sessions",
         "--help",
         "--host",
         "--log-level",

@@ -49,6 +49,11 @@ UNSHARDED: Mapping[str, str] = {
         "operator actions, a few per hour, keyed by a bigserial id: a Citus reference table "
         "(or a local table on the coordinator); never written on the hot path"
     ),
+    "receiver_bulk_items": (
+        "the keys of an operator's bulk replay, keyed by (job, seq), written by one runner at a "
+        "time at a configured rate: a table colocated with receiver_bulk_jobs on the "
+        "coordinator; never written on the hot path"
+    ),
 }
 
 #: Statements that every delivery, agent action or keyed request may run.
