@@ -183,7 +183,7 @@ def test_no_integration_imports_another() -> None:
 
 def test_the_core_imports_no_framework_it_integrates() -> None:
     """``import receiver`` must work without any extra installed: it loads none of them."""
-    frameworks = ["mcp", "agents", "langgraph", "pydantic_ai", "playwright"]
+    frameworks = ["mcp", "agents", "langgraph", "pydantic_ai", "playwright", "dbos", "prefect"]
     code = (
         "import sys, receiver, receiver.testing\n"
         f"print(sorted(m for m in {frameworks!r} if m in sys.modules))"
