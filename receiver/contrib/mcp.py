@@ -26,7 +26,10 @@ has an output schema), ``_meta["io.receiver/replayed"]`` saying whether it was r
 executor's outcomes as MCP tool errors (``isError``) whose text says what to do: retry after
 N seconds (in progress), the stored failure (failed), that a person must review it (needs
 review: never a result the model could read as success), that the action id names another
-request (conflict).
+request (conflict). The same facts are the error's structured content, for the client
+application: ``{"error": "in_progress", "action_id": ..., "retry_after": N, "message": ...}``
+(``error`` is one of ``in_progress``, ``failed``, ``needs_review``, ``conflict``,
+``refused``, ``tool_error``, ``tool_raised``).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from mcp.server.fastmcp import Context, FastMCP
 from mcp.server.fastmcp.exceptions import ToolError
 from mcp.server.fastmcp.utilities.func_metadata import FuncMetadata, func_metadata
-from mcp.types import CallToolResult, ToolAnnotations
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from receiver import (
     ActionConflict,
@@ -109,8 +112,17 @@ def authenticated_principal(ctx: Context[Any, Any, Any]) -> str:
         )
     issuer = (token.claims or {}).get("iss")
     if token.subject:
-        return f"sub:{issuer}|{token.subject}" if issuer else f"sub:{token.subject}"
+        # Each part escaped so that "|" appears only between issuer and subject: a subject
+        # without an issuer ("https://idp|ada") can never spell another issuer's principal.
+        subject = _escaped(token.subject)
+        return f"sub:{_escaped(str(issuer))}|{subject}" if issuer else f"sub:{subject}"
     return f"client:{token.client_id}"
+
+
+def _escaped(part: str) -> str:
+    """``part`` with ``%`` and ``|`` percent-encoded (and nothing else, so that the common
+    subjects, an email or a UUID, keep the scope they always had)."""
+    return part.replace("%", "%25").replace("|", "%7C")
 
 
 class MCPActions:
@@ -221,6 +233,11 @@ class MCPActions:
             meta={ACTION_ID: "required"},
             structured_output=structured_output,
         )
+        # FastMCP offers no public way to hand it a tool's result conversion: its tool
+        # manager's entry is the one place (tests/contrib/test_mcp.py runs the real package).
+        registered = self.server._tool_manager.get_tool(name)
+        if registered is not None:
+            registered.fn_metadata = _Results.model_construct(**dict(registered.fn_metadata))
 
     def _handler(self, name: str, model: FuncMetadata) -> Callable[..., Any]:
         async def handler(**kwargs: Any) -> CallToolResult:
@@ -234,7 +251,7 @@ class MCPActions:
                 )
                 result = await self.actions.execute(action)
             except Exception as exc:  # a cancellation passes through as itself
-                raise _tool_error(action_id, exc) from exc
+                return _error_result(action_id, exc)
             converted = model.convert_result(result.value)
             content, structured = converted if isinstance(converted, tuple) else (converted, None)
             return CallToolResult(
@@ -246,36 +263,69 @@ class MCPActions:
         return handler
 
 
-def _tool_error(action_id: str, exc: Exception) -> ToolError:
-    """The executor's outcome as the tool error the client reads (FastMCP sends it as a
-    result with ``isError``)."""
+class _Results(FuncMetadata):
+    """FastMCP's result conversion of a keyed tool, except that an error result passes as it
+    is: FastMCP checks every structured content against the tool's output schema, the one of
+    an error (whose facts are not the tool's output, and which MCP clients do not check
+    against it) included."""
+
+    def convert_result(self, result: Any) -> Any:
+        if isinstance(result, CallToolResult) and result.isError:
+            return result
+        return super().convert_result(result)
+
+
+def _error_result(action_id: str, exc: Exception) -> CallToolResult:
+    """The executor's outcome as the tool error the client reads (``isError``): its text for
+    the model, and the same facts as structured content, for the client application:
+    ``{"error": kind, "action_id": ..., "message": ..., "retry_after": seconds}``, the
+    seconds only when a retry of the same call will get its result."""
+    kind, text, retry_after = _outcome(action_id, exc)
+    facts: dict[str, Any] = {"error": kind, "action_id": action_id, "message": text}
+    if retry_after is not None:
+        facts["retry_after"] = retry_after
+    return CallToolResult(
+        content=[TextContent(type="text", text=text)], structuredContent=facts, isError=True
+    )
+
+
+def _outcome(action_id: str, exc: Exception) -> tuple[str, str, int | None]:
+    """(kind, text, seconds after which to retry the same call, if that will help)."""
     if isinstance(exc, ActionNeedsReview):
-        return ToolError(
+        return (
+            "needs_review",
             f"needs review: action {action_id!r} cannot be settled automatically ({exc}). A "
             "person must review it before anything else is tried; do not retry it or work "
-            "around it with another action id."
+            "around it with another action id.",
+            None,
         )
     if isinstance(exc, ActionFailed):
-        return ToolError(f"failed: action {action_id!r} failed for good: {exc}")
+        return "failed", f"failed: action {action_id!r} failed for good: {exc}", None
     if isinstance(exc, ActionInProgress):
         seconds = max(1, math.ceil(exc.retry_after))
-        return ToolError(
+        return (
+            "in_progress",
             f"in progress: action {action_id!r} is still running in another attempt; retry "
-            f"this same call (same {ACTION_ID}) after {seconds} s for its result"
+            f"this same call (same {ACTION_ID}) after {seconds} s for its result",
+            seconds,
         )
     if isinstance(exc, ActionConflict):
-        return ToolError(
+        return (
+            "conflict",
             f"conflict: action id {action_id!r} was already used with different arguments; "
-            "nothing was run. An action id names one action: use a new one for another."
+            "nothing was run. An action id names one action: use a new one for another.",
+            None,
         )
     if isinstance(exc, ActionError):  # a malformed action id or scope: nothing was claimed
-        return ToolError(f"refused: {exc}. Nothing was run.")
+        return "refused", f"refused: {exc}. Nothing was run.", None
     if isinstance(exc, ToolError):  # the tool's own words for the client
-        return exc
+        return "tool_error", str(exc), None
     # Its text may carry payload values or internals: name its type only.
-    return ToolError(
+    return (
+        "tool_raised",
         f"the tool raised {type(exc).__name__}; retry this same call (same {ACTION_ID}): "
-        "it runs again only if nothing of this attempt took effect"
+        "it runs again only if nothing of this attempt took effect",
+        None,
     )
 
 

@@ -28,11 +28,14 @@ from tests.support import EFFECTS_DDL
 
 KIND = "mcp-refund"
 
-#: Bearer token -> (OAuth client id, subject): two tokens of one person, one of another.
-TOKENS = {
-    "token-ada-laptop": ("desktop-app", "ada"),
-    "token-ada-phone": ("mobile-app", "ada"),
-    "token-bob": ("desktop-app", "bob"),
+#: Bearer token -> (OAuth client id, subject, issuer): two tokens of one person, one of
+#: another; and a subject of an issuer beside a subject, without an issuer, that spells it.
+TOKENS: dict[str, tuple[str, str, str | None]] = {
+    "token-ada-laptop": ("desktop-app", "ada", None),
+    "token-ada-phone": ("mobile-app", "ada", None),
+    "token-bob": ("desktop-app", "bob", None),
+    "token-idp-ada": ("desktop-app", "ada", "https://idp.example"),
+    "token-spelled": ("desktop-app", "https://idp.example|ada", None),
 }
 
 
@@ -50,7 +53,9 @@ class Tokens:
         found = TOKENS.get(token)
         if found is None:
             return None
-        return AccessToken(token=token, client_id=found[0], scopes=[], subject=found[1])
+        client, subject, issuer = found
+        claims = None if issuer is None else {"iss": issuer}
+        return AccessToken(token=token, client_id=client, scopes=[], subject=subject, claims=claims)
 
 
 def build(store: Store, scope: str | ScopeFunc, *, hold: float = 0.0, **fastmcp: Any) -> FastMCP:

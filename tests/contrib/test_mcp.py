@@ -211,6 +211,24 @@ async def test_http_dropped_connection_then_retry_from_a_new_session(store: Stor
         assert len(await rows(store)) == 2
 
 
+async def test_no_subject_spells_another_issuers_principal(store: Store) -> None:
+    """A subject without an issuer that contains "|" is not the principal of the issuer it
+    spells: the same action id from each is two actions."""
+    async with http_server(store, hold=0.0) as url:
+        results = []
+        for token in ("token-idp-ada", "token-spelled"):
+            async with http_client(url, token) as session:
+                results.append(await refund_call(session, "same-id")())
+    assert not any(r.isError for r in results), [text(r) for r in results]
+    assert [replayed(r) for r in results] == [False, False]
+    assert [k for k, _ in await rows(store)] == sorted(
+        [
+            refund_key("sub:https://idp.example|ada", "same-id"),
+            refund_key("sub:https://idp.example%7Cada", "same-id"),
+        ]
+    )
+
+
 async def test_http_one_action_at_once_from_two_sessions_and_within_one(store: Store) -> None:
     async with (
         http_server(store, hold=0.3) as url,
@@ -391,6 +409,9 @@ async def test_needs_review_is_an_error_on_every_retry(store: Store) -> None:
         assert result.isError
         assert "needs review" in text(result)
         assert "A person must review it" in text(result)
+        facts = result.structuredContent
+        assert facts is not None
+        assert (facts["error"], facts["action_id"]) == ("needs_review", "u-1")
     assert outcomes.runs == 1
 
 
@@ -420,7 +441,15 @@ async def test_in_progress_says_when_to_retry(store: Store) -> None:
     assert busy.isError
     assert "in progress" in text(busy)
     assert "retry this same call" in text(busy)
-    assert " s for its result" in text(busy)
+    # The seconds to wait, for the client application as well as in the model's text (slow
+    # has an output schema: an error's structured content is the error's all the same).
+    facts = busy.structuredContent
+    assert facts is not None
+    seconds = facts["retry_after"]
+    assert isinstance(seconds, int)
+    assert seconds >= 1
+    assert f"after {seconds} s for its result" in text(busy)
+    assert (facts["error"], facts["action_id"]) == ("in_progress", "s-1")
     assert done.structuredContent == {"result": [3, 3]}
     assert not replayed(done)
     assert later.structuredContent == done.structuredContent
@@ -439,6 +468,9 @@ async def test_conflict_and_bad_action_ids_run_nothing(store: Store) -> None:
         too_long = await client.call_tool("slow", {"n": 2}, meta={ACTION_ID: "x" * 201})
     assert conflict.isError
     assert "conflict: action id 'c-1'" in text(conflict)
+    assert conflict.structuredContent is not None
+    assert conflict.structuredContent["error"] == "conflict"
+    assert "retry_after" not in conflict.structuredContent
     assert wrong_type.isError
     assert "missing action id" in text(wrong_type)
     assert too_long.isError
