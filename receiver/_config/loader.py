@@ -38,7 +38,8 @@ from .._verification.twilio import Twilio
 from .._webhooks.app import DEFAULT_MAX_BODY, DEFAULT_STORE, Receiver
 from .._webhooks.forwarded import TrustedProxies
 from .._webhooks.providers import _NAME, DEFAULT_TOLERANCE
-from .._webhooks.schedules import DAY, RetrySchedule, dedup_window, parse_duration
+from .._webhooks.schedules import RetrySchedule, dedup_window, parse_duration
+from .._webhooks.timespans import DAY
 from .model import Config, ProviderConfig
 from .toml_source import Key, located, scan, show, syntax_error
 

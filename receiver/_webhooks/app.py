@@ -1,49 +1,43 @@
-"""The Receiver: an ASGI app serving ``POST /{provider}``, with handlers registered by decorator."""
+"""The Receiver: an ASGI app serving ``POST /{provider}``, with handlers registered by decorator.
+
+Its configuration and operations are here; opening, closing and its background work are
+:mod:`.lifecycle`, and serving over HTTP :mod:`.serving`."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
 from .._exceptions import (
     ConfigurationError,
-    SchemaOutdated,
-    StoreMisconfigured,
-    StoreUnavailable,
 )
 from .._ledger.cache import ReplayCache
-from .._ledger.responses import error
 from .._ledger.results import Encoder
 from .._logging import get_logger
-from .._ops.health import check_ready, observability_routes, reserved_names
+from .._ops.health import observability_routes, reserved_names
 from .._ops.metrics import Metrics
-from .._ops.sweeper import Recoverer, SweepReport, sweep_forever
+from .._ops.sweeper import Recoverer
 from .._queue.ingest import enqueue_many
-from .._store.base import Connection, Store
-from .._store.migrations import check_current
+from .._store.base import Store
 from .._store.url import store_from_url
 from .events import Event
 from .forwarded import TrustedProxies
 from .handlers import Effects, Handler, HandlerFunc, Mode, ReconcileFunc, Registry
+from .lifecycle import StartupHook
 from .outcomes import Reply
 from .pipeline import Pipeline
 from .providers import Provider
 from .replay import replay
-from .sweeper import sweep
+from .serving import Serving
 from .tracing import Tracing
 from .worker import Worker
 
@@ -51,7 +45,6 @@ if TYPE_CHECKING:
     from .._console import Console
 
 F = TypeVar("F", bound=HandlerFunc)
-StartupHook = Callable[[Connection], Awaitable[None]]
 
 DEFAULT_STORE = "sqlite:///receiver.db"
 DEFAULT_MAX_BODY = 1024 * 1024
@@ -60,21 +53,7 @@ _METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE",
 _WEBHOOK_ID = re.compile(r"[\x21-\x7e]{1,255}")
 
 
-class _TooLarge(Exception):
-    pass
-
-
-def _route_path(scope: Scope) -> str:
-    """The path below the mount point. Starlette's Mount keeps the full ``path`` and extends
-    ``root_path`` with the prefix (starlette._utils.get_route_path does the same)."""
-    path: str = scope["path"]
-    root: str = scope.get("root_path", "")
-    if root and path.startswith(root) and path[len(root) : len(root) + 1] == "/":
-        return path[len(root) :]
-    return path
-
-
-class Receiver:
+class Receiver(Serving):
     """Receive webhooks so that each event takes effect once.
 
     ::
@@ -266,143 +245,12 @@ class Receiver:
         self._startup.append(func)
         return func
 
-    # -- lifecycle -----------------------------------------------------------------------------
-
-    async def open(self, *, defer_startup: bool = False) -> None:
-        """Open the store, check its schema, and run the startup hooks. If the store is
-        unavailable when the hooks run, this raises :class:`~receiver.StoreUnavailable`;
-        with ``defer_startup=True`` (what serving does) the hooks are retried in the
-        background instead, and deliveries are answered 503 until they have run."""
-        await self.store.open()
-        # Never serve on an older schema: fail here, naming the missing migrations.
-        await check_current(self.store)
-        # Loud at start-up: a missing database, table or privilege, or a read-only standby,
-        # would otherwise show only as 503s once deliveries arrive. Serving starts anyway (the
-        # answer is then 503, which senders retry), so that fixing the store is enough.
-        problem = await check_ready(self.store)
-        if problem is not None:
-            get_logger("receiver").error("ALERT: the store is not ready: %s", problem)
-        try:
-            await self._run_startup_hooks()
-        except StoreUnavailable as exc:
-            if not defer_startup:
-                raise
-            get_logger("receiver").error(
-                "ALERT: the startup hooks could not run, the store is unavailable (%s); "
-                "deliveries are answered 503 until they have run",
-                exc,
-            )
-            self._pending_startup = asyncio.create_task(
-                self._retry_startup_hooks(), name="receiver-startup-hooks"
-            )
-        self._opened = True
-
-    async def _run_startup_hooks(self) -> None:
-        if self._startup:
-            async with self.store.acquire() as conn:
-                for hook in self._startup:
-                    await hook(conn)
-
-    async def _retry_startup_hooks(self) -> None:
-        logger = get_logger("receiver")
-        delay = 0.25
-        while True:
-            await asyncio.sleep(delay)
-            try:
-                await self._run_startup_hooks()
-            except StoreUnavailable as exc:
-                logger.warning("startup hooks: store unavailable (%s); retry in %.1f s", exc, delay)
-            except Exception:
-                # A hook's own bug: loud, and retried slowly (its fix may be in the database).
-                logger.exception("ALERT: a startup hook failed; deliveries are answered 503")
-                delay = 30.0
-            else:
-                logger.info("startup hooks ran; serving deliveries")
-                self._pending_startup = None
-                return
-            delay = min(delay * 2, 5.0) if delay < 30.0 else delay
-
-    async def close(self) -> None:
-        if self._pending_startup is not None:
-            self._pending_startup.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._pending_startup
-            self._pending_startup = None
-        self._opened = False
-        await self.store.close()
-
     async def __aenter__(self) -> Receiver:
         await self.open()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    @contextlib.asynccontextmanager
-    async def lifespan(self, app: object = None) -> AsyncIterator[None]:
-        """An ASGI lifespan: ``Starlette(..., lifespan=rx.lifespan)``. Opens the store and runs
-        the background sweeper (every ``sweep_interval`` seconds) while the app serves. A
-        store that is down at start does not stop it: deliveries are answered 503 until the
-        store answers and the startup hooks have run."""
-        await self.open(defer_startup=True)
-        try:
-            if self.sweep_interval is not None:
-                self._sweeper = asyncio.create_task(
-                    sweep_forever(self.sweep, self.sweep_interval), name="receiver-sweeper"
-                )
-            if self.workers:
-                self._start_workers()
-            try:
-                yield
-            finally:
-                await self._stop_workers()
-                if self._sweeper is not None:
-                    self._sweeper.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await self._sweeper
-                    self._sweeper = None
-        finally:
-            await self.close()
-
-    def worker(self, **options: float) -> Worker:
-        """A :class:`~receiver.Worker` for this receiver's queued deliveries (what
-        ``receiver worker`` runs); woken at once by this process's own ingest."""
-        worker = Worker(self, **options)  # type: ignore[arg-type]
-        self.pipeline.ingest.on_enqueued = worker.wake
-        return worker
-
-    def _start_workers(self) -> None:
-        self._worker = self.worker(concurrency=self.workers)
-        self._worker_task = asyncio.create_task(
-            self._run_worker(self._worker), name="receiver-worker"
-        )
-
-    async def _run_worker(self, worker: Worker) -> None:
-        # Queued handlers must not run before the startup hooks (their tables) either.
-        if self._pending_startup is not None:
-            await asyncio.shield(self._pending_startup)
-        await worker.run()
-
-    async def _stop_workers(self) -> None:
-        if self._worker is not None and self._worker_task is not None:
-            self._worker.stop()
-            await self._worker_task
-        self._worker = self._worker_task = None
-
-    async def sweep(self, *, batch: int = 100) -> SweepReport:
-        """One sweeper pass: recover or fail stale in-flight receipts, delete expired ones."""
-        now = self.store.now()
-        report = await sweep(
-            self.store,
-            self.pipeline,
-            self.providers,
-            now=now,
-            batch=batch,
-            recoverers=self.recoverers,
-        )
-        if self.metrics is not None:
-            await self.metrics.refresh(self.store, self.clock(), counts=True)
-        return report
 
     async def replay(self, provider: str, webhook_id: str) -> Reply:
         """Run a stored failed, released or stale delivery again through the claim and fence
@@ -462,125 +310,6 @@ class Receiver:
         )
         if self.metrics is not None:
             self.metrics.double_execution(event.provider, "reported")
-
-    # -- serving -------------------------------------------------------------------------------
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # The webhook route, straight: a delivery to a configured provider skips the inner
-        # Starlette app (its middleware and router cost a sixth of a replay, by the profile).
-        # Everything else (lifespan, health, metrics, 404, 405) goes through that app.
-        if scope["type"] == "http" and scope["method"] == "POST":
-            provider = self.providers.get(_route_path(scope)[1:])
-            if provider is not None:
-                response = await self._deliver_http(Request(scope, receive), provider)
-                await response(scope, receive, send)
-                return
-        await self._app(scope, receive, send)
-
-    async def deliver(
-        self, provider: str, headers: Headers | dict[str, str], body: bytes
-    ) -> Response:
-        """Process one delivery without HTTP (for tests, queues and replays)."""
-        found = self.providers.get(provider)
-        if found is None:
-            return error(404, "unknown_provider", f"no provider named {provider!r}")
-        reply = await self._traced(found, Headers(headers=dict(headers)), body)
-        return reply.response
-
-    async def _endpoint(self, request: Request) -> Response:
-        provider = self.providers.get(request.path_params["provider"])
-        if provider is None:
-            return error(404, "unknown_provider", "no provider is configured at this path")
-        if request.method != "POST":
-            detail = f"webhooks are delivered with POST, not {request.method}"
-            return error(405, "method_not_allowed", detail, {"allow": "POST"})
-        return await self._deliver_http(request, provider)
-
-    async def _deliver_http(self, request: Request, provider: Provider) -> Response:
-        name = provider.name
-        try:
-            body = await self._read_body(request)
-        except _TooLarge:
-            detail = f"the body exceeds {self.max_body_size} bytes"
-            return self._refused(name, request, 413, "body_too_large", detail)
-        except ValueError:
-            detail = "the Content-Length header is not a number"
-            return self._refused(name, request, 400, "content_length", detail)
-        except ClientDisconnect:
-            # Nobody is listening; nothing was read into the store. 499 is nginx's convention.
-            detail = "the client went away mid-body"
-            return self._refused(name, request, 499, "client_disconnected", detail)
-        peer = request.client.host if request.client else None
-        client = self.trusted_proxies.client(peer, request.headers)
-        reply = await self._traced(provider, request.headers, body, client)
-        return reply.response
-
-    async def _traced(
-        self, provider: Provider, headers: Headers, body: bytes, client: str | None = None
-    ) -> Reply:
-        """``pipeline.deliver`` in a span of its own when an OpenTelemetry SDK is configured."""
-        if not self._opened:
-            refused = await self._open_on_first_delivery()
-            if refused is not None:
-                return self.pipeline.unavailable(provider.name, headers, refused)
-        if self._pending_startup is not None:
-            starting = StoreUnavailable("the startup hooks have not run yet")
-            return self.pipeline.unavailable(provider.name, headers, starting)
-        tracer = self.tracing.tracer()
-        if tracer is None:
-            return await self.pipeline.deliver(provider, headers, body, client)
-        with self.tracing.delivery(tracer, provider.name, headers) as span:
-            reply = await self.pipeline.deliver(provider, headers, body, client)
-            span.finish(reply.outcome.value, reply.response.status_code, reply.fence, reply.detail)
-        return reply
-
-    async def _open_on_first_delivery(self) -> StoreUnavailable | None:
-        """Open the store and run the startup hooks before the first delivery of a Receiver
-        that no lifespan opened. If the store cannot be opened or its schema is not current,
-        the store error the delivery is answered with (503; the next one tries again)."""
-        async with self._open_lock:
-            if not self._opened:
-                try:
-                    await self.open(defer_startup=True)
-                except StoreUnavailable as exc:
-                    return exc
-                except SchemaOutdated as exc:
-                    return StoreMisconfigured(str(exc))
-        return None
-
-    def _refused(
-        self, name: str, request: Request, status: int, check: str, detail: str
-    ) -> Response:
-        """Refused before verification; logged and counted like any rejection."""
-        reply = self.pipeline.refused(name, request.headers, error(status, check, detail), check)
-        return reply.response
-
-    async def _read_body(self, request: Request) -> bytes:
-        """Read the body, refusing one over the limit before reading it all."""
-        declared = request.headers.get("content-length")
-        if declared is not None:
-            if not declared.isdigit():
-                raise ValueError(declared)
-            if int(declared) > self.max_body_size:
-                raise _TooLarge
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body_size:
-                raise _TooLarge
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    async def _http_error(self, request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        codes = {404: "not_found", 405: "method_not_allowed"}
-        return error(
-            exc.status_code,
-            codes.get(exc.status_code, "http_error"),
-            exc.detail,
-            exc.headers,
-        )
 
     def __repr__(self) -> str:
         return f"Receiver(store={self.store.url!r}, providers={sorted(self.providers)!r})"

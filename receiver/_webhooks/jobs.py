@@ -64,7 +64,7 @@ def has_external(handlers: Sequence[Handler]) -> bool:
 
 def may_share(handlers: Sequence[Handler]) -> bool:
     """Whether a delivery with these handlers may run in a group transaction (a worker's,
-    Pipeline.process_together): it has handlers, all of them transactional (an external effect
+    Groups.run): it has handlers, all of them transactional (an external effect
     is never rolled back, so never run again because another delivery failed) and none asking
     for a lease of its own (a long-running handler would hold the group back)."""
     return bool(handlers) and all(

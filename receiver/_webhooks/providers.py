@@ -13,7 +13,8 @@ from .._verification.keys import dedup_key as check_dedup_key
 from .._verification.verifier import StandardWebhooks, Verifier
 from .handlers import Mode
 from .outcomes import Outcome, Reply
-from .schedules import DAY, DedupWindow, RetrySchedule, dedup_window
+from .schedules import DedupWindow, RetrySchedule, dedup_window
+from .timespans import DAY
 
 DEFAULT_TOLERANCE = 300.0
 

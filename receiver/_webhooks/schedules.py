@@ -6,8 +6,9 @@ So the dedup window (``expires_at - claimed_at``) is the schedule's span plus a 
 margin, rounded up to a whole hour. An explicit TTL shorter than the span is a configuration error
 at start-up: a receipt that expired before the last retry lets that retry run the handler twice.
 
-Durations are seconds (floats) everywhere; :func:`parse_duration` and :func:`format_duration` turn
-them into and out of the ``"1h30m"`` strings that configuration files and ``receiver ttl`` use.
+Durations are seconds (floats) everywhere; :func:`parse_duration` and :func:`format_duration`
+(:mod:`.timespans`, re-exported here) turn them into and out of the ``"1h30m"`` strings that
+configuration files and ``receiver ttl`` use.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from types import MappingProxyType
 
 from receiver._exceptions import ConfigurationError
 
+from .timespans import DAY, HOUR, MINUTE, as_seconds, format_duration, parse_duration
+
 __all__ = [
     "PRESETS",
     "DedupWindow",
@@ -32,34 +35,10 @@ __all__ = [
     "parse_duration",
 ]
 
-MINUTE = 60.0
-HOUR = 3600.0
-DAY = 86400.0
 
 # No provider retries for longer than a year; a span beyond that almost always means the delays
 # were written in milliseconds. Refusing it here beats a receipt table that never expires.
 _MAX_SPAN = 366 * DAY
-# Same idea for margins, floors and TTLs, with a looser bound: two years of dedup retention is odd
-# but conceivable; a day written in milliseconds (86_400_000 s, about 2.7 years) is not.
-_MAX_SECONDS = 731 * DAY
-
-
-def _seconds(value: object, what: str, *, limit: float = _MAX_SECONDS) -> float:
-    """Return ``value`` as a finite, non-negative float of seconds, or raise ConfigurationError."""
-    # bool is an int; True as "1 second" is always a mistake in a config file.
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigurationError(
-            f"{what} must be a number of seconds, got {value!r} ({type(value).__name__})"
-        )
-    seconds = float(value)
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ConfigurationError(f"{what} must be a finite number of seconds >= 0, got {value!r}")
-    if seconds > limit:
-        raise ConfigurationError(
-            f"{what} is {format_duration(seconds)}, more than the {format_duration(limit)} limit;"
-            " durations are in seconds (were these milliseconds?)"
-        )
-    return seconds
 
 
 @dataclass(frozen=True)
@@ -93,10 +72,10 @@ class RetrySchedule:
                 " e.g. [0] for a sender that delivers once and never retries"
             )
         delays = tuple(
-            _seconds(d, f"retry schedule {self.name!r}: delay #{i}", limit=_MAX_SPAN)
+            as_seconds(d, f"retry schedule {self.name!r}: delay #{i}", limit=_MAX_SPAN)
             for i, d in enumerate(raw)
         )
-        jitter = _seconds(self.jitter, f"retry schedule {self.name!r}: jitter")
+        jitter = as_seconds(self.jitter, f"retry schedule {self.name!r}: jitter")
         if jitter > 1:
             raise ConfigurationError(
                 f"retry schedule {self.name!r}: jitter is a fraction of each delay"
@@ -193,7 +172,7 @@ def exponential(
     """
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise ConfigurationError(f"exponential backoff needs attempts >= 1, got {attempts!r}")
-    base = _seconds(base, "exponential backoff base", limit=_MAX_SPAN)
+    base = as_seconds(base, "exponential backoff base", limit=_MAX_SPAN)
     if isinstance(factor, bool) or not isinstance(factor, int | float):
         raise ConfigurationError(f"exponential backoff factor must be a number, got {factor!r}")
     if not (math.isfinite(factor) and factor >= 1):
@@ -201,7 +180,7 @@ def exponential(
             f"exponential backoff factor must be a finite number >= 1 (delays never shrink),"
             f" got {factor!r}"
         )
-    limit = math.inf if cap is None else _seconds(cap, "exponential backoff cap", limit=_MAX_SPAN)
+    limit = math.inf if cap is None else as_seconds(cap, "exponential backoff cap", limit=_MAX_SPAN)
     delays = [0.0]
     delay = base
     for _ in range(attempts - 1):
@@ -337,75 +316,6 @@ PRESETS: Mapping[str, RetrySchedule] = MappingProxyType(
 
 
 # --------------------------------------------------------------------------------------------
-# Durations
-# --------------------------------------------------------------------------------------------
-
-_UNITS = {"d": DAY, "h": HOUR, "m": MINUTE, "s": 1.0}
-_NUMBER = re.compile(r"\d+(?:\.\d+)?")
-_COMPONENT = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([dhms])")
-_DURATION_HELP = "use seconds (90) or units d/h/m/s such as 90s, 5m, 2h, 3d, 1h30m"
-
-
-def parse_duration(value: str | float) -> float:
-    """Seconds in ``value``: a number of seconds, or ``"90s"``, ``"5m"``, ``"2h"``, ``"3d"``,
-    ``"1h30m"``, ``"27h 35m 5s"`` (largest unit first, each at most once)."""
-    if not isinstance(value, str):
-        return _seconds(value, "duration")
-    text = value.strip()
-    if _NUMBER.fullmatch(text):
-        return _seconds(float(text), f"duration {value!r}")
-    pos = 0
-    total = 0.0
-    seen: list[str] = []
-    while pos < len(text):
-        match = _COMPONENT.match(text, pos)
-        if match is None:
-            raise ConfigurationError(f"invalid duration {value!r}: {_DURATION_HELP}")
-        number, unit = match.groups()
-        # Units must go strictly from large to small: "5m1h" or "1h1h" is a typo, not a sum.
-        if seen and "dhms".index(unit) <= "dhms".index(seen[-1]):
-            raise ConfigurationError(
-                f"invalid duration {value!r}: units must go from largest to smallest, each once"
-            )
-        seen.append(unit)
-        total += float(number) * _UNITS[unit]
-        pos = match.end()
-    if not seen:
-        raise ConfigurationError(f"invalid duration {value!r}: {_DURATION_HELP}")
-    return _seconds(total, f"duration {value!r}")
-
-
-def format_duration(seconds: float) -> str:
-    """``99305`` -> ``"27h 35m 5s"``; whole days print as days (``259200`` -> ``"3d"``).
-
-    Hours are otherwise the largest unit because windows are whole hours ("52h" reads better than
-    "2d 4h" next to a span in hours). Fractions of a second keep millisecond precision.
-    """
-    if not math.isfinite(seconds):
-        return str(seconds)
-    if seconds < 0:
-        return "-" + format_duration(-seconds)
-    millis = round(seconds * 1000)
-    if millis == 0:
-        return "0s"
-    if millis % 86_400_000 == 0:
-        return f"{millis // 86_400_000}d"
-    hours, millis = divmod(millis, 3_600_000)
-    minutes, millis = divmod(millis, 60_000)
-    secs, millis = divmod(millis, 1000)
-    parts = []
-    if hours:
-        parts.append(f"{hours}h")
-    if minutes:
-        parts.append(f"{minutes}m")
-    if millis:
-        parts.append(f"{secs}.{millis:03d}".rstrip("0") + "s")
-    elif secs:
-        parts.append(f"{secs}s")
-    return " ".join(parts)
-
-
-# --------------------------------------------------------------------------------------------
 # Dedup window
 # --------------------------------------------------------------------------------------------
 
@@ -469,15 +379,15 @@ def dedup_window(
     bound. ``floor`` does not apply to an explicit TTL; the operator chose that number.
     """
     sched = RetrySchedule.from_value(schedule)
-    margin = _seconds(review_margin, f"provider {provider!r}: review margin")
-    minimum = _seconds(floor, f"provider {provider!r}: floor")
+    margin = as_seconds(review_margin, f"provider {provider!r}: review margin")
+    minimum = as_seconds(floor, f"provider {provider!r}: floor")
     span = sched.span
     if ttl is None:
         # At least one hour: a window of 0 s (schedule [0], no margin) would forget a delivery
         # before its own attempt ended.
         window = max(HOUR, _ceil_to_hour(max(span + margin, minimum)))
         return DedupWindow(provider, sched, span, margin, window)
-    chosen = _seconds(ttl, f"provider {provider!r}: ttl")
+    chosen = as_seconds(ttl, f"provider {provider!r}: ttl")
     if chosen <= 0:
         raise ConfigurationError(
             f"provider {provider!r}: ttl must be positive; leave it unset to derive it from the"

@@ -4,7 +4,7 @@ A :class:`Worker` takes due receipts in flight (``FOR UPDATE SKIP LOCKED`` on Po
 the next fence and a lease: :func:`receiver._queue.receipts.fetch`) and runs each through the
 pipeline exactly as an inline delivery runs: the handlers in one transaction with the fenced
 completion. On PostgreSQL, up to ``group`` fetched deliveries whose handlers are all
-transactional share one such transaction (:meth:`Pipeline.process_together`: one BEGIN, one
+transactional share one such transaction (:meth:`.groups.Groups.run`: one BEGIN, one
 pipelined statement of completions, one COMMIT; all or nothing). Any number of worker
 processes on any number of machines share one PostgreSQL; on SQLite, run one worker process
 (the store has one writer anyway).
@@ -36,10 +36,11 @@ from .._logging import get_logger
 from .._ops.metrics import Metrics
 from .._queue import receipts as queue
 from .._store.base import Row, Store
+from .groups import QueuedAttempt
 from .handlers import Registry
 from .jobs import may_share
 from .outcomes import Outcome
-from .pipeline import Pipeline, QueuedAttempt
+from .pipeline import Pipeline
 from .providers import Provider
 
 logger = get_logger("receiver.worker")
@@ -91,7 +92,7 @@ class Worker:
         self.rx = rx
         self.concurrency = concurrency
         #: At most this many transactional deliveries share one transaction (PostgreSQL; 1:
-        #: each its own; see Pipeline.process_together).
+        #: each its own; see Groups.run).
         self.group = group
         self.poll_interval = poll_interval
         self.stale_interval = stale_interval

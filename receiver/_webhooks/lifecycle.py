@@ -1,0 +1,171 @@
+"""The Receiver's life: opening its store (schema check, startup hooks, retried while the store
+is down), the ASGI lifespan, and the background work it runs while it serves (the sweeper and
+in-process workers)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from .._exceptions import StoreUnavailable
+from .._logging import get_logger
+from .._ops.health import check_ready
+from .._ops.metrics import Metrics
+from .._ops.sweeper import Recoverer, SweepReport, sweep_forever
+from .._store.base import Connection, Store
+from .._store.migrations import check_current
+from .pipeline import Pipeline
+from .providers import Provider
+from .sweeper import sweep
+from .worker import Worker
+
+StartupHook = Callable[[Connection], Awaitable[None]]
+
+
+class Lifecycle:
+    """Opening and closing a :class:`~receiver.Receiver`, and its background work."""
+
+    store: Store
+    pipeline: Pipeline
+    providers: dict[str, Provider]
+    recoverers: dict[str, Recoverer]
+    metrics: Metrics | None
+    clock: Callable[[], float]
+    sweep_interval: float | None
+    workers: int
+    _startup: list[StartupHook]
+    _pending_startup: asyncio.Task[None] | None
+    _opened: bool
+    _sweeper: asyncio.Task[None] | None
+    _worker: Worker | None
+    _worker_task: asyncio.Task[None] | None
+
+    async def open(self, *, defer_startup: bool = False) -> None:
+        """Open the store, check its schema, and run the startup hooks. If the store is
+        unavailable when the hooks run, this raises :class:`~receiver.StoreUnavailable`;
+        with ``defer_startup=True`` (what serving does) the hooks are retried in the
+        background instead, and deliveries are answered 503 until they have run."""
+        await self.store.open()
+        # Never serve on an older schema: fail here, naming the missing migrations.
+        await check_current(self.store)
+        # Loud at start-up: a missing database, table or privilege, or a read-only standby,
+        # would otherwise show only as 503s once deliveries arrive. Serving starts anyway (the
+        # answer is then 503, which senders retry), so that fixing the store is enough.
+        problem = await check_ready(self.store)
+        if problem is not None:
+            get_logger("receiver").error("ALERT: the store is not ready: %s", problem)
+        try:
+            await self._run_startup_hooks()
+        except StoreUnavailable as exc:
+            if not defer_startup:
+                raise
+            get_logger("receiver").error(
+                "ALERT: the startup hooks could not run, the store is unavailable (%s); "
+                "deliveries are answered 503 until they have run",
+                exc,
+            )
+            self._pending_startup = asyncio.create_task(
+                self._retry_startup_hooks(), name="receiver-startup-hooks"
+            )
+        self._opened = True
+
+    async def _run_startup_hooks(self) -> None:
+        if self._startup:
+            async with self.store.acquire() as conn:
+                for hook in self._startup:
+                    await hook(conn)
+
+    async def _retry_startup_hooks(self) -> None:
+        logger = get_logger("receiver")
+        delay = 0.25
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await self._run_startup_hooks()
+            except StoreUnavailable as exc:
+                logger.warning("startup hooks: store unavailable (%s); retry in %.1f s", exc, delay)
+            except Exception:
+                # A hook's own bug: loud, and retried slowly (its fix may be in the database).
+                logger.exception("ALERT: a startup hook failed; deliveries are answered 503")
+                delay = 30.0
+            else:
+                logger.info("startup hooks ran; serving deliveries")
+                self._pending_startup = None
+                return
+            delay = min(delay * 2, 5.0) if delay < 30.0 else delay
+
+    async def close(self) -> None:
+        if self._pending_startup is not None:
+            self._pending_startup.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pending_startup
+            self._pending_startup = None
+        self._opened = False
+        await self.store.close()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: object = None) -> AsyncIterator[None]:
+        """An ASGI lifespan: ``Starlette(..., lifespan=rx.lifespan)``. Opens the store and runs
+        the background sweeper (every ``sweep_interval`` seconds) while the app serves. A
+        store that is down at start does not stop it: deliveries are answered 503 until the
+        store answers and the startup hooks have run."""
+        await self.open(defer_startup=True)
+        try:
+            if self.sweep_interval is not None:
+                self._sweeper = asyncio.create_task(
+                    sweep_forever(self.sweep, self.sweep_interval), name="receiver-sweeper"
+                )
+            if self.workers:
+                self._start_workers()
+            try:
+                yield
+            finally:
+                await self._stop_workers()
+                if self._sweeper is not None:
+                    self._sweeper.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await self._sweeper
+                    self._sweeper = None
+        finally:
+            await self.close()
+
+    def worker(self, **options: float) -> Worker:
+        """A :class:`~receiver.Worker` for this receiver's queued deliveries (what
+        ``receiver worker`` runs); woken at once by this process's own ingest."""
+        worker = Worker(self, **options)  # type: ignore[arg-type]
+        self.pipeline.ingest.on_enqueued = worker.wake
+        return worker
+
+    def _start_workers(self) -> None:
+        self._worker = self.worker(concurrency=self.workers)
+        self._worker_task = asyncio.create_task(
+            self._run_worker(self._worker), name="receiver-worker"
+        )
+
+    async def _run_worker(self, worker: Worker) -> None:
+        # Queued handlers must not run before the startup hooks (their tables) either.
+        if self._pending_startup is not None:
+            await asyncio.shield(self._pending_startup)
+        await worker.run()
+
+    async def _stop_workers(self) -> None:
+        if self._worker is not None and self._worker_task is not None:
+            self._worker.stop()
+            await self._worker_task
+        self._worker = self._worker_task = None
+
+    async def sweep(self, *, batch: int = 100) -> SweepReport:
+        """One sweeper pass: recover or fail stale in-flight receipts, delete expired ones."""
+        now = self.store.now()
+        report = await sweep(
+            self.store,
+            self.pipeline,
+            self.providers,
+            now=now,
+            batch=batch,
+            recoverers=self.recoverers,
+        )
+        if self.metrics is not None:
+            await self.metrics.refresh(self.store, self.clock(), counts=True)
+        return report

@@ -1,0 +1,163 @@
+"""The Receiver served over HTTP: ``POST /{provider}`` read (within the body limit), traced and
+handed to the pipeline; everything else goes through the inner Starlette app (lifespan, health,
+metrics, 404, 405)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from .._exceptions import SchemaOutdated, StoreMisconfigured, StoreUnavailable
+from .._ledger.responses import error
+from .forwarded import TrustedProxies
+from .lifecycle import Lifecycle
+from .outcomes import Reply
+from .providers import Provider
+from .tracing import Tracing
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _route_path(scope: Scope) -> str:
+    """The path below the mount point. Starlette's Mount keeps the full ``path`` and extends
+    ``root_path`` with the prefix (starlette._utils.get_route_path does the same)."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root) : len(root) + 1] == "/":
+        return path[len(root) :]
+    return path
+
+
+class Serving(Lifecycle):
+    """The HTTP side of a :class:`~receiver.Receiver`."""
+
+    max_body_size: int
+    trusted_proxies: TrustedProxies
+    tracing: Tracing
+    _open_lock: asyncio.Lock
+    _app: Starlette
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The webhook route, straight: a delivery to a configured provider skips the inner
+        # Starlette app (its middleware and router cost a sixth of a replay, by the profile).
+        # Everything else (lifespan, health, metrics, 404, 405) goes through that app.
+        if scope["type"] == "http" and scope["method"] == "POST":
+            provider = self.providers.get(_route_path(scope)[1:])
+            if provider is not None:
+                response = await self._deliver_http(Request(scope, receive), provider)
+                await response(scope, receive, send)
+                return
+        await self._app(scope, receive, send)
+
+    async def deliver(
+        self, provider: str, headers: Headers | dict[str, str], body: bytes
+    ) -> Response:
+        """Process one delivery without HTTP (for tests, queues and replays)."""
+        found = self.providers.get(provider)
+        if found is None:
+            return error(404, "unknown_provider", f"no provider named {provider!r}")
+        reply = await self._traced(found, Headers(headers=dict(headers)), body)
+        return reply.response
+
+    async def _endpoint(self, request: Request) -> Response:
+        provider = self.providers.get(request.path_params["provider"])
+        if provider is None:
+            return error(404, "unknown_provider", "no provider is configured at this path")
+        if request.method != "POST":
+            detail = f"webhooks are delivered with POST, not {request.method}"
+            return error(405, "method_not_allowed", detail, {"allow": "POST"})
+        return await self._deliver_http(request, provider)
+
+    async def _deliver_http(self, request: Request, provider: Provider) -> Response:
+        name = provider.name
+        try:
+            body = await self._read_body(request)
+        except _TooLarge:
+            detail = f"the body exceeds {self.max_body_size} bytes"
+            return self._refused(name, request, 413, "body_too_large", detail)
+        except ValueError:
+            detail = "the Content-Length header is not a number"
+            return self._refused(name, request, 400, "content_length", detail)
+        except ClientDisconnect:
+            # Nobody is listening; nothing was read into the store. 499 is nginx's convention.
+            detail = "the client went away mid-body"
+            return self._refused(name, request, 499, "client_disconnected", detail)
+        peer = request.client.host if request.client else None
+        client = self.trusted_proxies.client(peer, request.headers)
+        reply = await self._traced(provider, request.headers, body, client)
+        return reply.response
+
+    async def _traced(
+        self, provider: Provider, headers: Headers, body: bytes, client: str | None = None
+    ) -> Reply:
+        """``pipeline.deliver`` in a span of its own when an OpenTelemetry SDK is configured."""
+        if not self._opened:
+            refused = await self._open_on_first_delivery()
+            if refused is not None:
+                return self.pipeline.unavailable(provider.name, headers, refused)
+        if self._pending_startup is not None:
+            starting = StoreUnavailable("the startup hooks have not run yet")
+            return self.pipeline.unavailable(provider.name, headers, starting)
+        tracer = self.tracing.tracer()
+        if tracer is None:
+            return await self.pipeline.deliver(provider, headers, body, client)
+        with self.tracing.delivery(tracer, provider.name, headers) as span:
+            reply = await self.pipeline.deliver(provider, headers, body, client)
+            span.finish(reply.outcome.value, reply.response.status_code, reply.fence, reply.detail)
+        return reply
+
+    async def _open_on_first_delivery(self) -> StoreUnavailable | None:
+        """Open the store and run the startup hooks before the first delivery of a Receiver
+        that no lifespan opened. If the store cannot be opened or its schema is not current,
+        the store error the delivery is answered with (503; the next one tries again)."""
+        async with self._open_lock:
+            if not self._opened:
+                try:
+                    await self.open(defer_startup=True)
+                except StoreUnavailable as exc:
+                    return exc
+                except SchemaOutdated as exc:
+                    return StoreMisconfigured(str(exc))
+        return None
+
+    def _refused(
+        self, name: str, request: Request, status: int, check: str, detail: str
+    ) -> Response:
+        """Refused before verification; logged and counted like any rejection."""
+        reply = self.pipeline.refused(name, request.headers, error(status, check, detail), check)
+        return reply.response
+
+    async def _read_body(self, request: Request) -> bytes:
+        """Read the body, refusing one over the limit before reading it all."""
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                raise ValueError(declared)
+            if int(declared) > self.max_body_size:
+                raise _TooLarge
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_size:
+                raise _TooLarge
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _http_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        return error(
+            exc.status_code,
+            codes.get(exc.status_code, "http_error"),
+            exc.detail,
+            exc.headers,
+        )
