@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.durable.experiment import Experiment
+from benchmarks.durable.prefect_server import prefect_server
 from receiver import PostgresStore
 from tests import pgcluster
 
@@ -36,3 +37,11 @@ async def experiment(tmp_path: Path) -> AsyncIterator[Experiment]:
     """The fake payment service, a process of its own, counting refunds per order."""
     async with Experiment(tmp_path) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def prefect_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """One Prefect API server (loopback, SQLite in a temporary directory) for the session: the
+    environment its worker processes run with."""
+    with prefect_server(tmp_path_factory.mktemp("prefect")) as env:
+        yield env
