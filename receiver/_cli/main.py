@@ -8,6 +8,7 @@ Every option can also be given as an environment variable ``RECEIVER_<OPTION>`` 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import sys
 from collections.abc import Sequence
@@ -39,10 +40,19 @@ def _add(
     )
 
 
+def _version() -> str:
+    """The installed distribution's version (built from ``receiver.__version__``)."""
+    try:
+        return importlib.metadata.version("receiver-webhooks")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="receiver", description="Receive webhooks so that each event takes effect once."
     )
+    parser.add_argument("--version", action="version", version=f"receiver {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the receiver on uvicorn")

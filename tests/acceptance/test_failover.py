@@ -9,7 +9,7 @@ the Idempotency-Key middleware, and the queued workers. With asynchronous replic
 acknowledged delivery can be lost: the boundary is shown too, with the standby held back so
 that the loss is certain rather than a matter of timing.
 
-Each test prints one ``FAILOVER`` line with its figures (``pytest -s``); the README's
+Each test prints one ``FAILOVER`` line with its figures (``pytest -s``); docs/how-to/postgresql.md's
 "Failover" section quotes them.
 """
 

@@ -64,8 +64,8 @@ def test_the_wheel_installs_clean_and_serves(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     output = run(sys.executable, "-m", "build", "--outdir", dist, source, cwd=tmp_path, env=env)
     assert "absent from the `packages` configuration" not in output
-    (sdist,) = dist.glob("receiver-*.tar.gz")
-    (wheel,) = dist.glob("receiver-*.whl")
+    (sdist,) = dist.glob("receiver_webhooks-*.tar.gz")
+    (wheel,) = dist.glob("receiver_webhooks-*.whl")
     with tarfile.open(sdist) as tar:
         in_sdist = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     with zipfile.ZipFile(wheel) as whl:

@@ -150,7 +150,7 @@ async def test_one_bad_claim_does_not_fail_its_neighbours(pg_store: PostgresStor
 async def test_concurrent_keyed_requests_share_statements_and_each_runs_once(pg_url: str) -> None:
     """The Idempotency-Key middleware claims and completes fresh keys through the same shared
     statements as deliveries (over HTTP at 64 connections: 0.7x the hand-written middleware
-    one statement each, 1.1-1.6x batched; README, Performance)."""
+    one statement each, 1.1-1.6x batched; docs/performance/index.md)."""
     await truncate(pg_url)
     runs: dict[str, int] = {}
 

@@ -1,6 +1,7 @@
-"""What expiry means for each state (README, "Expiry"), on both stores: a completed receipt is
-deleted when its window ends; a dead letter (failed, or released after a failed attempt) is
-kept for the retention after its window; an in-flight receipt is never deleted unrun."""
+"""What expiry means for each state (docs/explanation/ledger.md, "Expiry, by state"), on both
+stores: a completed receipt is deleted when its window ends; a dead letter (failed, or released
+after a failed attempt) is kept for the retention after its window; an in-flight receipt is
+never deleted unrun."""
 
 from __future__ import annotations
 

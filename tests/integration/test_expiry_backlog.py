@@ -1,7 +1,8 @@
 """A backlog of 1,000,000 expired receipts on PostgreSQL is cleared by two sweepers at once
 within a stated bound, while deliveries go on: every delivery succeeds and its receipt stays.
 
-The bound is generous for a loaded 2-core machine; the figure measured is in the README."""
+The bound is generous for a loaded 2-core machine; the figure measured is in
+docs/performance/index.md."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tests.support import PROVIDER, T0, Clock, body_of, effects, signed
 BACKLOG = 1_000_000
 DELIVERIES = 300
 # Seconds for the whole backlog. Measured: 26 s with the machine's load average at 9 (2 cores);
-# the figure is in the README.
+# the figure is in docs/performance/index.md.
 BOUND = 60.0
 
 

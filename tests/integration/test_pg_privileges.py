@@ -1,4 +1,4 @@
-"""The receiver runs with only the privileges the README's "Privileges" lists (issue 20): a
+"""The receiver runs with only the privileges docs/how-to/postgresql.md "Privileges" lists: a
 role that may read the migrations table and read and write the two ledger tables, nothing else
 (not the owner, no DDL, no superuser). Deliveries, replays, the executor, the middleware, the
 sweeper, the queued workers and /readyz all work as that role."""

@@ -1,4 +1,4 @@
-"""The conformance suite: every answer of README.md "What the sender gets", on both stores."""
+"""The conformance suite: every answer of docs/reference/http.md, on both stores."""
 
 from __future__ import annotations
 
@@ -371,7 +371,7 @@ async def test_routing_errors(app, store: Store, clock: Clock) -> None:  # type:
     assert unknown.json()["error"] == "unknown_provider"
     for verb in ("GET", "PUT", "DELETE"):
         unknown = await client.request(verb, "/nobody")
-        assert unknown.status_code == 404, verb  # whatever the method, as README says
+        assert unknown.status_code == 404, verb  # whatever the method, as the HTTP reference says
         assert unknown.json()["error"] == "unknown_provider"
     method = await client.get(f"/{PROVIDER}")
     assert method.status_code == 405

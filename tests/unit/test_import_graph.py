@@ -3,7 +3,7 @@
 Every import counts: at module level, inside functions, and under ``TYPE_CHECKING`` (a cycle
 there is still two modules that cannot be understood, or split, one without the other).
 
-The layers (README "Repository layout"): the stores import nothing above them; the ledger
+The layers (CONTRIBUTING.md "Repository layout"): the stores import nothing above them; the ledger
 builds on the stores; verification stands alone; operations and the queue build on the
 ledger; the three entry points (webhooks, agent actions, the Idempotency-Key middleware)
 import those shared layers and never each other; the operator console reads and acts on the

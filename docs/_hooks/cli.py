@@ -1,0 +1,82 @@
+"""MkDocs hook: the CLI reference is written from the ``receiver`` command's own argparse
+parser when the site is built, so the page cannot drift from the command.
+
+A page that holds the line ``<!-- receiver-cli -->`` gets, in its place, one section per
+command: its help, its usage and a table of its options (with their environment variables and
+defaults, as ``--help`` prints them)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+MARKER = "<!-- receiver-cli -->"
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _commands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argparse.ArgumentParser]]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help or "" for a in action._choices_actions}
+            return [(name, helps.get(name, ""), sub) for name, sub in action.choices.items()]
+    return []
+
+
+def _option(action: argparse.Action) -> str:
+    if not action.option_strings:
+        return f"`{action.metavar or action.dest.upper()}`"
+    names = ", ".join(action.option_strings)
+    if action.nargs == 0:
+        return f"`{names}`"
+    if action.choices:
+        return f"`{names} {{{','.join(map(str, action.choices))}}}`"
+    return f"`{names} {action.metavar or action.dest.upper()}`"
+
+
+def render(parser: argparse.ArgumentParser) -> str:
+    """The reference of every command of ``parser``, as Markdown."""
+    width = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "100"  # usage lines wrap the same on every machine
+    try:
+        out = [
+            "```text",
+            parser.format_usage().strip(),
+            "```",
+            "",
+            "| option | what it does |",
+            "| --- | --- |",
+        ]
+        out += [
+            f"| {_option(a)} | {_cell(a.help or '')} |"
+            for a in parser._actions
+            if not isinstance(a, argparse._SubParsersAction)
+        ]
+        for name, help, sub in _commands(parser):
+            out += ["", f"## receiver {name}", "", _cell(help)[:1].upper() + _cell(help)[1:] + "."]
+            out += ["", "```text", sub.format_usage().strip(), "```", ""]
+            rows = [a for a in sub._actions if not isinstance(a, argparse._HelpAction)]
+            if rows:
+                out += ["| option | what it does |", "| --- | --- |"]
+                out += [f"| {_option(a)} | {_cell(a.help or '')} |" for a in rows]
+        return "\n".join(out) + "\n"
+    finally:
+        if width is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = width
+
+
+def on_page_markdown(markdown: str, **kwargs: Any) -> str:
+    if MARKER not in markdown:
+        return markdown
+    from receiver._cli.main import build_parser
+
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("RECEIVER_")}
+    try:  # defaults as documented, not as this machine's environment sets them
+        return markdown.replace(MARKER, render(build_parser()))
+    finally:
+        os.environ.update(saved)

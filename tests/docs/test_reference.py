@@ -1,0 +1,66 @@
+"""The reference pages cover what they claim: the CLI page is generated from the parser (every
+command and option, whatever the environment says), the API page lists every public name, and
+the README is a short front page whose links resolve and reach every section of the docs."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import pytest
+
+import receiver
+import receiver.testing
+from receiver._cli.main import build_parser
+from tests.docs.cli_hook import commands, hook
+from tests.servers import ROOT
+
+DOCS = ROOT / "docs"
+
+
+def test_the_cli_page_is_generated_from_the_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    page = (DOCS / "reference" / "cli.md").read_text()
+    assert hook.MARKER in page
+    monkeypatch.setenv("RECEIVER_PORT", "9999")  # the page shows defaults, not this machine's
+    rendered = hook.on_page_markdown(page)
+    assert hook.MARKER not in rendered
+    assert "default 9999" not in rendered
+    assert "default 8000" in rendered
+    parser = build_parser()
+    assert len(commands(parser)) >= 10
+    for name, _, sub in hook._commands(parser):
+        assert f"\n## receiver {name}\n" in rendered
+        section = rendered.split(f"\n## receiver {name}\n", 1)[1].split("\n## ", 1)[0]
+        for action in sub._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            for option in action.option_strings:
+                assert f"`{option}" in section or f", {option}" in section, (name, option)
+    assert "--version" in rendered
+
+
+def test_the_api_pages_list_every_public_name() -> None:
+    api = (DOCS / "reference" / "api.md").read_text()
+    assert sorted(re.findall(r"^::: receiver\.(\w+)$", api, re.M)) == sorted(receiver.__all__)
+    testing = (DOCS / "reference" / "testing.md").read_text()
+    found = re.findall(r"^::: receiver\.testing\.(\w+)$", testing, re.M)
+    assert sorted(found) == sorted(receiver.testing.__all__)
+
+
+def test_the_readme_is_a_short_front_page() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) < 200
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
+    local = [link for link in links if "://" not in link]
+    assert [link for link in local if not (ROOT / link).exists()] == []
+    for section in (
+        "docs/tutorial.md",
+        "docs/how-to/",
+        "docs/reference/",
+        "docs/explanation/",
+        "docs/performance/",
+        "CONTRIBUTING.md",
+        "CHANGELOG.md",
+        "LICENSE",
+    ):
+        assert any(link.startswith(section) for link in local), section
