@@ -39,6 +39,7 @@ def add_console_parser(sub: Any, add: Callable[..., None]) -> None:
     add(parser, "port", "port to bind", 8100, type=int)
     add(parser, "token-file", f"a file holding the token (else the env var {TOKEN_ENV})")
     add(parser, "console-operators", "a TOML file of [[operator]] tables: name, role, token_sha256")
+    add(parser, "bulk-rate", "deliveries a second a bulk replay runs at", 20.0, type=float)
     add(parser, "log-level", "uvicorn log level", "info")
     parser.add_argument(
         "--end-sessions",
@@ -108,6 +109,7 @@ def build_console(args: argparse.Namespace) -> Console:
     options: dict[str, Any] = {
         "token": token,
         "operators": operators,
+        "bulk_rate": args.bulk_rate,
         "read_only": args.read_only,
         "show_payloads": args.show_payloads,
     }

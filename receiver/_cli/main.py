@@ -17,6 +17,7 @@ from typing import Any
 from .._exceptions import ReceiverError
 from .._logging import FORMATS
 from .._webhooks.app import DEFAULT_STORE
+from .bulk import add_bulk_arguments
 from .console import add_console_parser, console_command
 from .loading import DEFAULT_APP
 from .processes import serve, sweep_command, worker_command
@@ -165,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
         replay, "reason", "why, recorded in the audit with each replay", "given on the command line"
     )
     _add(replay, "actor", "who, recorded in the audit (default: user@host)", "")
+    add_bulk_arguments(replay)
 
     ttl = sub.add_parser(
         "ttl",

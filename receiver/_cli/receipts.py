@@ -19,6 +19,7 @@ from .._ledger import receipts as ledger
 from .._ledger.receipts import Key, Receipt
 from .._store.base import Row
 from .._webhooks.replay import failed_keys
+from .bulk import bulk_command, wants_bulk
 from .loading import (
     config_receiver,
     existing_store,
@@ -121,6 +122,9 @@ def _kind(provider: str, webhook_id: str) -> str:
 
 
 def replay_command(args: argparse.Namespace) -> int:
+    if wants_bulk(args):
+        actor = " ".join(text_argument("--actor", args.actor or _default_actor()).split())[:100]
+        return bulk_command(args, actor, text_argument("--reason", args.reason))
     if args.all_failed == bool(args.target) or len(args.target) not in (0, 2):
         raise ReceiverError(
             "replay takes PROVIDER WEBHOOK_ID, or --all-failed [--provider P] [--limit N]"

@@ -9,6 +9,7 @@ refused in read-only mode, and answered with a redirect to the page that shows i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -30,7 +31,7 @@ from .._ops.metrics import Metrics
 from .._store.base import Store
 from .._store.migrations import missing
 from .._store.url import store_from_url
-from . import actions, auth, operate, overview, pages, queries, receipt, sessions
+from . import actions, auth, bulk, bulk_pages, operate, overview, pages, queries, receipt, sessions
 from .forms import BadRequest, read_form
 from .html import Html, esc, link, render, static
 
@@ -75,6 +76,7 @@ class Console:
     - ``actor``: who is acting, from a request of the host app (default: the user set by
       Starlette's AuthenticationMiddleware, else a name typed into each form).
     - ``redact_fields``: more JSON field names whose values are never shown.
+    - ``bulk_rate``: deliveries a second a bulk replay confirmed here runs at.
     """
 
     def __init__(
@@ -89,6 +91,7 @@ class Console:
         actor: Actor | None = None,
         redact_fields: Sequence[str] = (),
         registry: CollectorRegistry | None = None,
+        bulk_rate: float = bulk.DEFAULT_RATE,
     ) -> None:
         if store is None and receiver is None:
             raise ReceiverError("Console needs a store (or a receiver)")
@@ -105,6 +108,11 @@ class Console:
         self.show_payloads = show_payloads
         self.actor = actor
         self.redact_fields = tuple(redact_fields)
+        if not 0 < bulk_rate <= 1000:
+            raise ReceiverError("bulk_rate is between 0 and 1000 deliveries a second")
+        self.bulk_rate = float(bulk_rate)
+        self._runner: bulk.Runner | None = None
+        self._runner_task: asyncio.Task[None] | None = None
         metrics = receiver.metrics if receiver is not None else None
         if registry is None and metrics is not None:
             registry = metrics.registry
@@ -127,8 +135,15 @@ class Console:
                 Route("/resolve", page(operate.settle(self, "resolve")), methods=post),
                 Route("/fail", page(operate.settle(self, "fail")), methods=post),
                 Route("/audit", page(self._audit), methods=get),
-                Route("/sessions", page(self._sessions), methods=get),
-                Route("/sessions/end", page(self._end_sessions), methods=post),
+                Route("/bulk", page(bulk_pages.page(self)), methods=both),
+                Route("/bulk/job", page(bulk_pages.job_page(self)), methods=get),
+                Route("/bulk/cancel", page(bulk_pages.cancel(self)), methods=post),
+                Route("/sessions", page(sessions.listing(self.store, self.auth)), methods=get),
+                Route(
+                    "/sessions/end",
+                    page(sessions.end_all_route(self.store, self.auth)),
+                    methods=post,
+                ),
                 Route("/login", self._login, methods=both),
                 Route("/logout", self._logout, methods=post),
                 Route("/console.css", self._css, methods=get),
@@ -144,7 +159,27 @@ class Console:
         """Served alone: open the store for the console's life, refusing an older schema."""
         async with self.store:
             await self._check_schema()
-            yield
+            self.start_runner()
+            try:
+                yield
+            finally:
+                if self._runner_task is not None:
+                    self._runner_task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await self._runner_task
+                    self._runner_task = None
+
+    def start_runner(self) -> bool:
+        """Run bulk replays in this process (a console with handlers only): it takes the jobs
+        nobody runs, and is woken for the one just confirmed. False without handlers."""
+        if self.receiver is None:
+            return False
+        if self._runner is None:
+            self._runner = bulk.Runner(self.store, self.receiver.replay)
+        if self._runner_task is None or self._runner_task.done():
+            self._runner_task = asyncio.get_running_loop().create_task(self._runner.serve())
+        self._runner.wake.set()
+        return True
 
     async def _check_schema(self) -> None:
         async with self._check_lock:
@@ -262,6 +297,7 @@ class Console:
             ("/attention", "Needs attention"),
             ("/actions", "Agent actions"),
             ("/keys", "Idempotency-Keys"),
+            ("/bulk", "Bulk replay"),
             ("/audit", "Audit"),
         ]
         here = request.url.path.removeprefix(view.root) or "/"
@@ -292,6 +328,7 @@ class Console:
         )
         page = render(
             "layout.html",
+            head=getattr(request.state, "head", ""),
             title=esc(title),
             root=esc(view.root),
             nav=nav,
@@ -303,6 +340,9 @@ class Console:
         return HTMLResponse(page, status)
 
     # -- pages ---------------------------------------------------------------------------------
+
+    def now(self) -> float:
+        return self._now()
 
     def _now(self) -> float:
         return self.store.clock() if self.store.clock is not None else time.time()
@@ -346,8 +386,10 @@ class Console:
                 page = await queries.list_receipts(conn, known, filters, cursor, self.store.now())
             panel = ""
             if kind == "action":
-                panel = pages.turn_panel(self._turns())
+                panel = pages.turn_panel(overview.turns(self.registry))
             body = pages.receipts(view, filters, page, listed, q, panel)
+            if kind == "webhook" and not view.read_only:
+                body = bulk_pages.filter_link(view, q) + body
             return pages.KIND_TITLES[kind], body
 
         return handler
@@ -374,25 +416,6 @@ class Console:
         )
         return pages.KIND_TITLES[kind], f"<ul>{links}</ul>"
 
-    def _turns(self) -> dict[str, tuple[float, float, float]]:
-        """Per tool: (turns, keys over turns, most keys in a recent turn), from the metrics."""
-        if self.registry is None:
-            return {}
-        found: dict[str, list[float]] = {}
-        names = {
-            "receiver_action_turns_total": 0,
-            "receiver_action_turn_keys_total": 1,
-            "receiver_action_max_keys_per_turn": 2,
-        }
-        for metric in self.registry.collect():
-            for sample in metric.samples:
-                index = names.get(sample.name)
-                if index is not None and "action" in sample.labels:
-                    found.setdefault(sample.labels["action"], [0.0, 0.0, 0.0])[index] = float(
-                        sample.value
-                    )
-        return {tool: (v[0], v[1], v[2]) for tool, v in found.items()}
-
     async def _attention(self, request: Request, view: pages.View) -> tuple[str, Html]:
         which = request.query_params.get("list", "failed")
         if which not in pages.ATTENTION:
@@ -402,7 +425,10 @@ class Console:
         async with self.store.acquire() as conn:
             known = await queries.providers(conn)
             page = await queries.attention(conn, which, provider, cursor, self.store.now())
-        return "Needs attention", pages.attention(view, which, provider, page, known)
+        body = pages.attention(view, which, provider, page, known)
+        if which in ("failed", "released") and not view.read_only:
+            body = bulk_pages.filter_link(view, {"list": which, "provider": provider}) + body
+        return "Needs attention", body
 
     async def lookup(self, request: Request) -> tuple[ledger.Receipt, list[Any], list[Any]]:
         provider = request.query_params.get("provider", "")
@@ -431,35 +457,15 @@ class Console:
         next_id = rows[-1].id if len(rows) == queries.PAGE else None
         return "Audit: operator actions", pages.audit(view, rows, next_id)
 
-    async def _sessions(self, request: Request, view: pages.View) -> tuple[str, Html]:
-        if self.auth is None:
-            raise actions.ActionRefused("this console has no sign-in: its host application's")
-        live = await sessions.listed(self.store)
-        return "Sessions", sessions.page(view, live)
-
-    async def _end_sessions(self, request: Request, view: pages.View) -> Response:
-        """End every session, this one too: every operator signs in again."""
-        if self.auth is None:
-            raise actions.ActionRefused("this console has no sign-in: its host application's")
-        await sessions.end_all(self.store)
-        return RedirectResponse(view.root + "/login", 303)
-
     async def _login(self, request: Request) -> Response:
         if self.signin is None:
             return HTMLResponse("the console trusts its host application here", 404)
-        try:
-            await self._check_schema()
-            return await self.signin.login(request)
-        except (StoreUnavailable, SchemaOutdated) as exc:
-            return HTMLResponse(esc(f"The ledger is unavailable: {exc}"), 503)
+        return await self.signin.login(request, self._check_schema)
 
     async def _logout(self, request: Request) -> Response:
         if self.signin is None:
             return HTMLResponse("the console trusts its host application here", 404)
-        try:
-            return await self.signin.logout(request)
-        except (StoreUnavailable, SchemaOutdated) as exc:
-            return HTMLResponse(esc(f"The ledger is unavailable: {exc}"), 503)
+        return await self.signin.logout(request)
 
     async def _css(self, request: Request) -> Response:
         return Response(

@@ -118,9 +118,14 @@ class TokenAuth:
         self._entries.append((digest, Credential(name, role, mark)))
 
     @property
-    def named(self) -> bool:
-        """Every token names its operator (no name is typed at sign-in)."""
-        return all(c.name is not None for _, c in self._entries)
+    def shared(self) -> bool:
+        """A shared token is configured (its holder types a name at sign-in)."""
+        return any(c.name is None for _, c in self._entries)
+
+    @property
+    def named_any(self) -> bool:
+        """Some tokens name their operator."""
+        return any(c.name is not None for _, c in self._entries)
 
     def check(self, given: str) -> Credential | None:
         """The credential of this token, or None. Every entry is compared, each in constant

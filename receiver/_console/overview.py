@@ -14,6 +14,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from prometheus_client import CollectorRegistry
+
 from .._ops.counts import count_receipts
 from .._store.base import Connection
 from . import queries
@@ -101,3 +103,23 @@ async def collect(
     replays = await queries.chart(conn, "console_replay_chart", [], start, step, buckets)
     order = sorted(figures.values(), key=lambda f: ({"webhook": 0}.get(f.kind, 1), f.name))
     return Overview(now, order, deliveries, failures, replays, step)
+
+
+def turns(registry: CollectorRegistry | None) -> dict[str, tuple[float, float, float]]:
+    """Per tool: (turns, keys over turns, most keys in a recent turn), from the metrics."""
+    if registry is None:
+        return {}
+    found: dict[str, list[float]] = {}
+    names = {
+        "receiver_action_turns_total": 0,
+        "receiver_action_turn_keys_total": 1,
+        "receiver_action_max_keys_per_turn": 2,
+    }
+    for metric in registry.collect():
+        for sample in metric.samples:
+            index = names.get(sample.name)
+            if index is not None and "action" in sample.labels:
+                found.setdefault(sample.labels["action"], [0.0, 0.0, 0.0])[index] = float(
+                    sample.value
+                )
+    return {tool: (v[0], v[1], v[2]) for tool, v in found.items()}

@@ -18,15 +18,19 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
+from .._exceptions import SchemaOutdated, StoreUnavailable
 from .._store.base import Store
 from . import auth, pages
+from .actions import ActionRefused
 from .forms import BadRequest, read_form
 from .html import Html, esc, form, render, table, when
+from .operate import Handler
 
 #: The role of a notices-only row (a console without sign-in).
 BROWSER = "browser"
@@ -127,6 +131,29 @@ def set_cookie(request: Request, response: Response, secret: str) -> None:
     )
 
 
+def listing(store: Store, tokens: auth.TokenAuth | None) -> Handler:
+    """The live sessions, and the button that ends them all."""
+
+    async def handler(request: Request, view: pages.View) -> tuple[str, Html]:
+        if tokens is None:
+            raise ActionRefused("this console has no sign-in: its host application's")
+        return "Sessions", page(view, await listed(store))
+
+    return handler
+
+
+def end_all_route(store: Store, tokens: auth.TokenAuth | None) -> Handler:
+    """End every session, this one too: every operator signs in again."""
+
+    async def handler(request: Request, view: pages.View) -> Response:
+        if tokens is None:
+            raise ActionRefused("this console has no sign-in: its host application's")
+        await end_all(store)
+        return RedirectResponse(view.root + "/login", 303)
+
+    return handler
+
+
 def page(view: pages.View, live: list[tuple[str, str, float, float]]) -> Html:
     rows = [
         [esc(name), esc(role), when(created), when(expires)]
@@ -159,12 +186,15 @@ class SignIn:
             login = request.url.path.removeprefix(root) in ("/login", "")
             target = root + "/" if login else here
         text = "You must sign in with your console token." if status == 401 else notice
-        name = (
-            ""
-            if self.tokens.named
-            else '<label>Your name <input name="name" required maxlength="100" '
-            'autocomplete="username"></label>'
-        )
+        # Named operators' tokens say who signs in; the shared token's holder types a name
+        # (not required by the browser: with both kinds, an operator's token needs none).
+        name = ""
+        if self.tokens.shared:
+            required = "" if self.tokens.named_any else " required"
+            name = (
+                f'<label>Your name <input name="name"{required} maxlength="100" '
+                'autocomplete="username"></label>'
+            )
         page = render(
             "login.html",
             root=esc(root),
@@ -175,7 +205,15 @@ class SignIn:
         )
         return HTMLResponse(page, status)
 
-    async def login(self, request: Request) -> Response:
+    async def login(self, request: Request, ready: Callable[[], Awaitable[None]]) -> Response:
+        """The sign-in page (GET), or a sign-in (POST); ``ready`` checks the ledger's schema."""
+        try:
+            await ready()
+            return await self._login(request)
+        except (StoreUnavailable, SchemaOutdated) as exc:
+            return HTMLResponse(esc(f"The ledger is unavailable: {exc}"), 503)
+
+    async def _login(self, request: Request) -> Response:
         if request.method == "GET":
             response: Response = self.page(request, "", 200)
             auth.set_cookies(request, response)
@@ -213,6 +251,12 @@ class SignIn:
         return response
 
     async def logout(self, request: Request) -> Response:
+        try:
+            return await self._logout(request)
+        except (StoreUnavailable, SchemaOutdated) as exc:
+            return HTMLResponse(esc(f"The ledger is unavailable: {exc}"), 503)
+
+    async def _logout(self, request: Request) -> Response:
         try:
             form = await read_form(request)
         except BadRequest:

@@ -96,6 +96,7 @@ ALL = [
 CLI = {
     "console": [
         "--app",
+        "--bulk-rate",
         "--config",
         "--console-operators",
         "--end-sessions",
@@ -136,10 +137,15 @@ CLI = {
         "--all-failed",
         "--app",
         "--config",
+        "--dry-run",
+        "--filter",
         "--help",
+        "--job",
         "--limit",
         "--provider",
+        "--rate",
         "--reason",
+        "--yes",
         "-h",
         "target",
     ],

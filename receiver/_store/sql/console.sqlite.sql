@@ -45,3 +45,137 @@ WHERE role <> 'browser'
   AND expires_at > COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0)
 ORDER BY created_at DESC
 LIMIT ?2;
+
+-- Bulk replay (receiver/_console/bulk.py): see console.postgresql.sql for the parameters.
+
+-- name: bulk_match
+SELECT provider, webhook_id, fence, state, event_type, attempts, last_error, claimed_at
+FROM receiver_receipts
+WHERE state IN ('released', 'failed')
+  AND (?1 = '' OR provider = ?1)
+  AND (?2 = '' OR state = ?2)
+  AND (?3 = '' OR event_type = ?3)
+  AND (?4 IS NULL OR claimed_at >= ?4)
+  AND (?5 IS NULL OR claimed_at < ?5)
+  AND (?6 = '' OR instr(lower(last_error), lower(?6)) > 0)
+  AND instr(provider, ':') = 0
+  AND request_body IS NOT NULL
+  AND NOT (state = 'failed'
+           AND instr(substr(response_body, 1, 200), CAST('"needs_review"' AS BLOB)) > 0)
+ORDER BY provider, state, webhook_id
+LIMIT ?7;
+
+-- name: bulk_count
+SELECT count(*) AS n FROM (
+    SELECT 1 FROM receiver_receipts
+    WHERE state IN ('released', 'failed')
+      AND (?1 = '' OR provider = ?1)
+      AND (?2 = '' OR state = ?2)
+      AND (?3 = '' OR event_type = ?3)
+      AND (?4 IS NULL OR claimed_at >= ?4)
+      AND (?5 IS NULL OR claimed_at < ?5)
+      AND (?6 = '' OR instr(lower(last_error), lower(?6)) > 0)
+      AND instr(provider, ':') = 0
+      AND request_body IS NOT NULL
+      AND NOT (state = 'failed'
+               AND instr(substr(response_body, 1, 200), CAST('"needs_review"' AS BLOB)) > 0)
+    LIMIT ?7
+) m;
+
+-- name: bulk_snapshot
+INSERT INTO receiver_bulk_items (job, seq, provider, webhook_id, fence, state)
+SELECT ?8, row_number() OVER (ORDER BY provider, state, webhook_id), provider, webhook_id,
+       fence, 'pending'
+FROM (
+    SELECT provider, state, webhook_id, fence FROM receiver_receipts
+    WHERE state IN ('released', 'failed')
+      AND (?1 = '' OR provider = ?1)
+      AND (?2 = '' OR state = ?2)
+      AND (?3 = '' OR event_type = ?3)
+      AND (?4 IS NULL OR claimed_at >= ?4)
+      AND (?5 IS NULL OR claimed_at < ?5)
+      AND (?6 = '' OR instr(lower(last_error), lower(?6)) > 0)
+      AND instr(provider, ':') = 0
+      AND request_body IS NOT NULL
+      AND NOT (state = 'failed'
+               AND instr(substr(response_body, 1, 200), CAST('"needs_review"' AS BLOB)) > 0)
+    ORDER BY provider, state, webhook_id
+    LIMIT ?7
+) m;
+
+-- name: bulk_job_add
+INSERT INTO receiver_bulk_jobs
+    (request, created_at, actor, reason, filter, total, rate, state, lease_until)
+VALUES (?1, COALESCE(?2, (julianday('now') - 2440587.5) * 86400.0), ?3, ?4, ?5, 0, ?6, 'running', COALESCE(?2, (julianday('now') - 2440587.5) * 86400.0))
+ON CONFLICT (request) DO NOTHING
+RETURNING id;
+
+-- name: bulk_job_by_request
+SELECT id FROM receiver_bulk_jobs WHERE request = ?1;
+
+-- name: bulk_job_total
+UPDATE receiver_bulk_jobs
+SET total = (SELECT count(*) FROM receiver_bulk_items WHERE job = ?1), audit_id = ?2
+WHERE id = ?1
+RETURNING total;
+
+-- name: bulk_job_get
+SELECT id, created_at, actor, reason, filter, total, done, rate, state, owner, lease_until,
+       finished_at, audit_id, COALESCE(?2, (julianday('now') - 2440587.5) * 86400.0) AS now
+FROM receiver_bulk_jobs
+WHERE id = ?1;
+
+-- name: bulk_job_list
+SELECT id, created_at, actor, reason, filter, total, done, rate, state, owner, lease_until,
+       finished_at, audit_id, (julianday('now') - 2440587.5) * 86400.0 AS now
+FROM receiver_bulk_jobs
+ORDER BY id DESC
+LIMIT ?1;
+
+-- name: bulk_job_orphan
+SELECT id FROM receiver_bulk_jobs
+WHERE state = 'running' AND lease_until <= COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0)
+ORDER BY lease_until
+LIMIT 1;
+
+-- name: bulk_job_lease
+UPDATE receiver_bulk_jobs
+SET owner = ?2, lease_until = COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0) + ?3
+WHERE id = ?1 AND state = 'running'
+  AND (owner = ?2 OR lease_until <= COALESCE(?4, (julianday('now') - 2440587.5) * 86400.0))
+RETURNING id, rate;
+
+-- name: bulk_job_cancel
+UPDATE receiver_bulk_jobs
+SET state = 'cancelled', finished_at = COALESCE(?2, (julianday('now') - 2440587.5) * 86400.0), owner = NULL
+WHERE id = ?1 AND state = 'running'
+RETURNING id, audit_id;
+
+-- name: bulk_job_finish
+UPDATE receiver_bulk_jobs
+SET state = 'done', finished_at = COALESCE(?3, (julianday('now') - 2440587.5) * 86400.0), owner = NULL
+WHERE id = ?1 AND state = 'running' AND owner = ?2
+  AND NOT EXISTS (SELECT 1 FROM receiver_bulk_items i WHERE i.job = ?1 AND i.state <> 'done')
+RETURNING id, audit_id;
+
+-- name: bulk_items_next
+SELECT seq, provider, webhook_id, fence, state FROM receiver_bulk_items
+WHERE job = ?1 AND state <> 'done'
+ORDER BY seq
+LIMIT ?2;
+
+-- name: bulk_item_start
+UPDATE receiver_bulk_items SET state = 'started'
+WHERE job = ?1 AND seq = ?2 AND state = 'pending'
+RETURNING seq;
+
+-- name: bulk_item_done
+UPDATE receiver_bulk_items SET state = 'done', outcome = ?3
+WHERE job = ?1 AND seq = ?2 AND state <> 'done'
+RETURNING seq;
+
+-- name: bulk_job_progress
+UPDATE receiver_bulk_jobs SET done = done + 1 WHERE id = ?1 RETURNING done;
+
+-- name: bulk_outcomes
+SELECT outcome, count(*) AS n FROM receiver_bulk_items WHERE job = ?1 GROUP BY outcome;
