@@ -40,7 +40,13 @@ from .._ledger.receipts import Claimed, Decision, Key, Receipt, decide
 from .._ledger.results import Encoder
 from .._ops.durations import Durations
 from .._ops.metrics import Metrics
-from .._ops.sweeper import KeySweeper, Recoverer, SweepReport
+from .._ops.sweeper import (
+    AUDIT_RETENTION,
+    DEAD_LETTER_RETENTION,
+    KeySweeper,
+    Recoverer,
+    SweepReport,
+)
 from .._store.base import Store
 from .action import (
     Action,
@@ -76,6 +82,10 @@ class Receiver(Protocol):
     def metrics(self) -> Metrics | None: ...
     @property
     def recoverers(self) -> dict[str, Recoverer]: ...
+    @property
+    def dead_letter_retention(self) -> float: ...
+    @property
+    def audit_retention(self) -> float: ...
 
 
 class Actions(Steps):
@@ -101,7 +111,9 @@ class Actions(Steps):
 
     Built on a bare store, the executor has a sweeper of its own, run every
     ``sweep_interval`` seconds (None: never) while ``async with actions:`` lasts: it recovers
-    stale claims nobody retries and deletes expired keys. ``await actions.sweep()`` runs one
+    stale claims nobody retries and deletes expired keys (keeping a failed one
+    ``dead_letter_retention`` seconds after its window, and the console's audit records
+    ``audit_retention`` seconds, as the Receiver's does). ``await actions.sweep()`` runs one
     pass (a cron job, ``receiver sweep --store URL`` needs no app for the expiry part).
     """
 
@@ -117,6 +129,8 @@ class Actions(Steps):
         replay_cache: int = 10_000,
         encoder: Encoder | None = None,
         sweep_interval: float | None = 60.0,
+        dead_letter_retention: float | None = None,
+        audit_retention: float | None = None,
     ) -> None:
         if not 0 < lease <= window:
             raise ConfigurationError(
@@ -142,9 +156,25 @@ class Actions(Steps):
                 raise ConfigurationError(
                     f"sweep_interval must be positive seconds, or None, not {sweep_interval!r}"
                 )
-            self.sweeper = KeySweeper(target, {keyed.ACTION: self.recover}, sweep_interval)
+            self._retention = (
+                DEAD_LETTER_RETENTION if dead_letter_retention is None else dead_letter_retention,
+                AUDIT_RETENTION if audit_retention is None else audit_retention,
+            )
+            self.sweeper = KeySweeper(
+                target,
+                {keyed.ACTION: self.recover},
+                sweep_interval,
+                retention=self._retention[0],
+                audit_retention=self._retention[1],
+            )
         else:
             self.store = target.store
+            if dead_letter_retention is not None or audit_retention is not None:
+                raise ConfigurationError(
+                    "built on a Receiver, the executor is swept by the Receiver's sweeper: give "
+                    "dead_letter_retention and audit_retention to the Receiver"
+                )
+            self._retention = (target.dead_letter_retention, target.audit_retention)
             if keyed.ACTION in target.recoverers:
                 raise ConfigurationError(
                     "this Receiver already has an action executor: register every tool on that "
@@ -178,7 +208,13 @@ class Actions(Steps):
     async def sweep(self, *, batch: int = 100) -> SweepReport:
         """One sweeper pass over the executor's store: recover stale action claims (tools
         registered here), delete expired receipts."""
-        sweeper = self.sweeper or KeySweeper(self.store, {keyed.ACTION: self.recover}, None)
+        sweeper = self.sweeper or KeySweeper(
+            self.store,
+            {keyed.ACTION: self.recover},
+            None,
+            retention=self._retention[0],
+            audit_retention=self._retention[1],
+        )
         return await sweeper.run_once(batch=batch)
 
     # -- registration --------------------------------------------------------------------------

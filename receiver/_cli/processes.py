@@ -126,7 +126,8 @@ def sweep_command(args: argparse.Namespace) -> int:
         report = asyncio.run(run())
     print(
         f"recovered {report.recovered}, failed {report.failed}, released {report.released}, "
-        f"skipped {report.skipped}, deleted {report.deleted} expired"
+        f"skipped {report.skipped}, deleted {report.deleted} expired and "
+        f"{report.audit_deleted} old audit records"
     )
     return 0
 

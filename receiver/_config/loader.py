@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._exceptions import ConfigurationError
+from .._ops.sweeper import AUDIT_RETENTION, DEAD_LETTER_RETENTION
 from .._queue.backoff import Backoff
 from .._store.url import store_from_url
 from .._verification.keys import dedup_key as check_dedup_key
@@ -71,6 +72,8 @@ _TOP_KEYS = (
     "sweep_interval",
     "trusted_proxies",
     "workers",
+    "dead_letter_retention",
+    "audit_retention",
     "providers",
 )
 _PROVIDER_KEYS = (
@@ -180,6 +183,13 @@ class _Parser:
             TrustedProxies(proxies)
         except ConfigurationError as exc:
             raise self.error(("trusted_proxies",), str(exc)) from exc
+        retention = {
+            name: self.duration((name,), doc.get(name, default))
+            for name, default in (
+                ("dead_letter_retention", DEAD_LETTER_RETENTION),
+                ("audit_retention", AUDIT_RETENTION),
+            )
+        }
         workers = doc.get("workers", 0)
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
             raise self.error(
@@ -199,6 +209,8 @@ class _Parser:
             providers=self.providers(doc.get("providers")),
             trusted_proxies=tuple(proxies),
             workers=workers,
+            dead_letter_retention=retention["dead_letter_retention"],
+            audit_retention=retention["audit_retention"],
             _lines=self.lines,
         )
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from .._exceptions import ConfigurationError
+from .._ops.sweeper import AUDIT_RETENTION, DEAD_LETTER_RETENTION
 from .._queue.backoff import Backoff
 from .._store.base import Store
 from .._verification.schemes import GitHub, Shopify, Slack, Stripe, _key
@@ -69,6 +70,9 @@ class Config:
     trusted_proxies: tuple[str, ...] = ()
     #: In-process worker slots for queued deliveries (0: run ``receiver worker`` instead).
     workers: int = 0
+    #: Seconds a dead letter is kept after its window, and an audit record after its action.
+    dead_letter_retention: float = DEAD_LETTER_RETENTION
+    audit_retention: float = AUDIT_RETENTION
     _lines: Mapping[tuple[str, ...], int] = field(default_factory=dict, repr=False, compare=False)
 
     def receiver(
@@ -87,6 +91,8 @@ class Config:
             sweep_interval=self.sweep_interval,
             trusted_proxies=self.trusted_proxies,
             workers=self.workers,
+            dead_letter_retention=self.dead_letter_retention,
+            audit_retention=self.audit_retention,
         )
         for index, register in enumerate(registers):
             try:

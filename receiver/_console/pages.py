@@ -347,8 +347,10 @@ def audit(view: View, rows: Sequence[AuditRow], next_id: int | None) -> Html:
         "" if next_id is None else link(url(view.root, "/audit", {"before": next_id}), "older →")
     )
     return (
-        "<p class='hint'>Every action taken from this console, newest first: replays, re-runs "
-        "of completed deliveries, and decisions on receipts that needed review.</p>"
+        "<p class='hint'>Every operator action, newest first, with its outcome: replays (from "
+        "this console or <code>receiver replay</code>), re-runs of completed deliveries, and "
+        "decisions on receipts that needed review. The sweeper deletes records older than the "
+        "audit retention (<code>audit_retention</code>, a year by default).</p>"
         f"{body}<div class='pager'>{pager}</div>"
     )
 

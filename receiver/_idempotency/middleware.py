@@ -46,7 +46,7 @@ from .._ledger.responses import NOT_STORED, replay
 from .._ledger.shared import SharedStatements
 from .._ops.durations import Durations
 from .._ops.redact import describe
-from .._ops.sweeper import KeySweeper, SweepReport
+from .._ops.sweeper import AUDIT_RETENTION, DEAD_LETTER_RETENTION, KeySweeper, SweepReport
 from .._store.base import Connection, Store
 from .._verification.payload import NotJSON, normalized
 from .key import parse_key
@@ -112,7 +112,9 @@ class IdempotencyKeyMiddleware:
     ``sweep_interval``: the middleware's own sweeper, started with the app's lifespan: every so
     many seconds (None: never) it gives back the keys of requests that died mid-way (so that a
     retry runs the endpoint, not "in progress" until someone else sweeps) and deletes expired
-    keys. ``await middleware.sweep()`` runs one pass.
+    keys (keeping a failed one ``dead_letter_retention`` seconds after its ttl, and the
+    console's audit records ``audit_retention`` seconds). ``await middleware.sweep()`` runs
+    one pass.
     """
 
     def __init__(
@@ -131,6 +133,8 @@ class IdempotencyKeyMiddleware:
         namespace: str = "api",
         replay_cache: int = 10_000,
         sweep_interval: float | None = 60.0,
+        dead_letter_retention: float = DEAD_LETTER_RETENTION,
+        audit_retention: float = AUDIT_RETENTION,
     ) -> None:
         if not 0 < lease <= ttl:
             raise ConfigurationError(
@@ -152,7 +156,13 @@ class IdempotencyKeyMiddleware:
         self.store = store
         self.principal = principal
         # Its recoverer is the sweeper's default for Idempotency-Key keys: release them.
-        self.sweeper = KeySweeper(store, {}, sweep_interval)
+        self.sweeper = KeySweeper(
+            store,
+            {},
+            sweep_interval,
+            retention=dead_letter_retention,
+            audit_retention=audit_retention,
+        )
         #: How long each route usually takes, for Retry-After (receiver/_ops/durations.py).
         self.durations = Durations()
         self.methods = frozenset(m.upper() for m in methods)

@@ -11,6 +11,8 @@ the rows another sweeper has locked, so replicas add capacity instead of queuein
 Expiry by state: a completed receipt is deleted when its window ends; a dead letter (failed, or
 released after a failed attempt) is kept for ``retention`` after its window, as evidence for an
 operator; an in-flight receipt is never deleted (it is recovered first, like any stale one).
+The console's audit records (operator actions) are kept for ``audit_retention`` after they
+were taken, then deleted by the same pass, in the same bounded batches, oldest first.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .._exceptions import StoreUnavailable
+from .._exceptions import ConfigurationError, StoreUnavailable
 from .._ledger import keyed
 from .._ledger.receipts import Key, Receipt
 from .._logging import get_logger
@@ -32,8 +35,12 @@ from .redact import describe, is_driver_error, stack
 
 logger = get_logger("receiver.sweeper")
 
-#: How long a dead letter (failed, or released after a failed attempt) outlives its window.
+#: How long a dead letter (failed, or released after a failed attempt) outlives its window,
+#: by default (``dead_letter_retention``).
 DEAD_LETTER_RETENTION = 7 * 24 * 3600.0
+
+#: How long an audit record of an operator action is kept, by default (``audit_retention``).
+AUDIT_RETENTION = 365 * 24 * 3600.0
 
 #: Rows per deletion batch: one statement, one short transaction (a few tens of milliseconds).
 DELETE_BATCH = 5000
@@ -59,6 +66,16 @@ class SweepReport:
     released: int = 0  # stale receipts whose recovery failed again: released for a retry
     skipped: int = 0  # taken over by someone else first
     deleted: int = 0  # expired receipts deleted
+    audit_deleted: int = 0  # audit records older than the audit retention deleted
+
+
+def check_retention(name: str, seconds: float) -> float:
+    """A retention option: finite seconds, zero or more (zero: nothing kept beyond its time)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise ConfigurationError(f"{name} must be a number of seconds, not {seconds!r}")
+    if not 0 <= seconds < math.inf:
+        raise ConfigurationError(f"{name} must be finite seconds, zero or more, not {seconds!r}")
+    return float(seconds)
 
 
 async def sweep(
@@ -71,12 +88,13 @@ async def sweep(
     delete_batch: int = DELETE_BATCH,
     budget: float = DELETE_BUDGET,
     retention: float = DEAD_LETTER_RETENTION,
+    audit_retention: float = AUDIT_RETENTION,
     recoverers: Mapping[str, Recoverer] | None = None,
 ) -> SweepReport:
     """One pass: recover stale in-flight receipts (``batch`` at a time, up to ``max_batches``
-    batches), then delete expired ones (``delete_batch`` at a time) for at most ``budget``
-    seconds. Expiry and leases are judged at ``now`` (the statements take None as the
-    database's own clock).
+    batches), then delete expired ones and audit records older than ``audit_retention``
+    (``delete_batch`` at a time) for at most ``budget`` seconds. Expiry and leases are
+    judged at ``now`` (the statements take None as the database's own clock).
 
     Stale webhook receipts go to ``webhooks``; without it (an app that has only the action
     executor or the Idempotency-Key middleware) they are left to the Receiver that owns their
@@ -95,8 +113,11 @@ async def sweep(
         if time.monotonic() >= deadline:
             break
     deleted = await _delete_expired(store, now, retention, delete_batch, deadline)
+    audit = await _delete_batches(
+        store, "delete_old_audit", now, audit_retention, delete_batch, deadline
+    )
     return SweepReport(
-        tally["recovered"], tally["failed"], tally["released"], tally["skipped"], deleted
+        tally["recovered"], tally["failed"], tally["released"], tally["skipped"], deleted, audit
     )
 
 
@@ -128,14 +149,7 @@ async def _delete_expired(
     """Delete expired receipts, one batch per statement, until a batch comes back short (the
     backlog is done) or the deadline passes. Each batch commits on its own, so row locks are
     held for one batch only and deliveries never wait long behind the sweeper."""
-    deleted = 0
-    while True:
-        async with store.acquire() as conn:
-            rows = await conn.run_all("delete_expired", now, retention, batch)
-        gone = sum(int(row["n"]) for row in rows)
-        deleted += gone
-        if gone < batch or time.monotonic() >= deadline:
-            break
+    deleted = await _delete_batches(store, "delete_expired", now, retention, batch, deadline)
     # Attempts whose receipt is gone: SQLite's batches leave them; PostgreSQL's take them along,
     # and there the anti-join would read the whole receipts table on every pass.
     while store.dialect == "sqlite" and time.monotonic() < deadline:
@@ -144,6 +158,21 @@ async def _delete_expired(
         if len(orphans) < batch:
             break
     return deleted
+
+
+async def _delete_batches(
+    store: Store, statement: str, now: float | None, keep: float, batch: int, deadline: float
+) -> int:
+    """Run a deletion ``statement`` (now, seconds kept, batch) until a batch comes back short
+    or the deadline passes; how many rows it deleted."""
+    deleted = 0
+    while True:
+        async with store.acquire() as conn:
+            rows = await conn.run_all(statement, now, keep, batch)
+        gone = sum(int(row["n"]) for row in rows)
+        deleted += gone
+        if gone < batch or time.monotonic() >= deadline:
+            return deleted
 
 
 async def _recover_keyed(
@@ -186,16 +215,30 @@ class KeySweeper:
     ledger are left to their Receiver."""
 
     def __init__(
-        self, store: Store, recoverers: Mapping[str, Recoverer], interval: float | None
+        self,
+        store: Store,
+        recoverers: Mapping[str, Recoverer],
+        interval: float | None,
+        *,
+        retention: float = DEAD_LETTER_RETENTION,
+        audit_retention: float = AUDIT_RETENTION,
     ) -> None:
         self.store = store
         self.recoverers = recoverers
         self.interval = interval
+        self.retention = check_retention("dead_letter_retention", retention)
+        self.audit_retention = check_retention("audit_retention", audit_retention)
         self._task: asyncio.Task[None] | None = None
 
     async def run_once(self, *, batch: int = 100) -> SweepReport:
         return await sweep(
-            self.store, None, now=self.store.now(), batch=batch, recoverers=self.recoverers
+            self.store,
+            None,
+            now=self.store.now(),
+            batch=batch,
+            retention=self.retention,
+            audit_retention=self.audit_retention,
+            recoverers=self.recoverers,
         )
 
     def start(self) -> None:

@@ -25,7 +25,7 @@ from .._ledger.results import Encoder
 from .._logging import get_logger
 from .._ops.health import observability_routes, reserved_names
 from .._ops.metrics import Metrics
-from .._ops.sweeper import Recoverer
+from .._ops.sweeper import AUDIT_RETENTION, DEAD_LETTER_RETENTION, Recoverer, check_retention
 from .._queue.ingest import enqueue_many
 from .._store.base import Store
 from .._store.url import store_from_url
@@ -71,7 +71,9 @@ class Receiver(Serving):
     ``async with rx:``) in the host application to open and close it with the app.
 
     ``encoder`` turns what a handler returns into JSON where it is not already (Decimal,
-    dataclasses, datetimes, UUIDs, enums and Pydantic models need none).
+    dataclasses, datetimes, UUIDs, enums and Pydantic models need none). The sweeper keeps a
+    dead letter ``dead_letter_retention`` seconds after its window (7 days) and an operator's
+    audit record ``audit_retention`` seconds (365 days).
     """
 
     def __init__(
@@ -92,6 +94,8 @@ class Receiver(Serving):
         tracer_provider: TracerProvider | None = None,
         workers: int = 0,
         encoder: Encoder | None = None,
+        dead_letter_retention: float = DEAD_LETTER_RETENTION,
+        audit_retention: float = AUDIT_RETENTION,
     ) -> None:
         self.store: Store = store_from_url(store) if isinstance(store, str) else store
         if max_body_size <= 0:
@@ -103,6 +107,8 @@ class Receiver(Serving):
                 f"sweeper, not {sweep_interval!r}"
             )
         self.sweep_interval = sweep_interval
+        self.dead_letter_retention = check_retention("dead_letter_retention", dead_letter_retention)
+        self.audit_retention = check_retention("audit_retention", audit_retention)
         self.clock = clock
         # Whose X-Forwarded-For / X-Real-IP to believe for event.client
         # (receiver/_webhooks/forwarded.py).

@@ -33,6 +33,8 @@ class Lifecycle:
     metrics: Metrics | None
     clock: Callable[[], float]
     sweep_interval: float | None
+    dead_letter_retention: float
+    audit_retention: float
     workers: int
     _startup: list[StartupHook]
     _pending_startup: asyncio.Task[None] | None
@@ -156,7 +158,8 @@ class Lifecycle:
         self._worker = self._worker_task = None
 
     async def sweep(self, *, batch: int = 100) -> SweepReport:
-        """One sweeper pass: recover or fail stale in-flight receipts, delete expired ones."""
+        """One sweeper pass: recover or fail stale in-flight receipts, delete expired ones
+        (and old audit records)."""
         now = self.store.now()
         report = await sweep(
             self.store,
@@ -164,6 +167,8 @@ class Lifecycle:
             self.providers,
             now=now,
             batch=batch,
+            retention=self.dead_letter_retention,
+            audit_retention=self.audit_retention,
             recoverers=self.recoverers,
         )
         if self.metrics is not None:

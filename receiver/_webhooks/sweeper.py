@@ -34,6 +34,7 @@ async def sweep(
     delete_batch: int = shared.DELETE_BATCH,
     budget: float = shared.DELETE_BUDGET,
     retention: float = shared.DEAD_LETTER_RETENTION,
+    audit_retention: float = shared.AUDIT_RETENTION,
     recoverers: Mapping[str, Recoverer] | None = None,
 ) -> SweepReport:
     """One pass of :func:`receiver._ops.sweeper.sweep` (same options) that recovers stale
@@ -49,6 +50,7 @@ async def sweep(
         delete_batch=delete_batch,
         budget=budget,
         retention=retention,
+        audit_retention=audit_retention,
         recoverers=recoverers,
     )
 

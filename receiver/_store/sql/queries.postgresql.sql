@@ -825,6 +825,27 @@ RETURNING id;
 UPDATE receiver_audit SET outcome = $2, detail = $3 WHERE id = $1
 RETURNING id;
 
+-- name: delete_old_audit
+-- The sweeper's batch of audit records older than the audit retention ($2 seconds before $1,
+-- NULL: the database's clock): at most $3 of the oldest, read from receiver_audit_at, so a
+-- batch costs its own rows however large the table. SKIP LOCKED: concurrent sweepers take
+-- disjoint batches.
+-- The ids as an array: the delete then probes the primary key for each (a join with the
+-- batch may hash the whole table instead).
+WITH gone AS (
+    DELETE FROM receiver_audit
+    WHERE id = ANY (ARRAY(
+        SELECT id FROM receiver_audit
+        WHERE at < COALESCE(to_timestamp($1::float8), statement_timestamp())
+                   - $2::float8 * interval '1 second'
+        ORDER BY at
+        LIMIT $3
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING 1
+)
+SELECT count(*) AS n FROM gone;
+
 -- name: console_audit_list
 -- Newest first, below the id $1 (NULL: from the newest), at most $2.
 SELECT id, extract(epoch FROM at)::float8 AS at, actor, action, provider, webhook_id, fence,

@@ -565,6 +565,18 @@ RETURNING id;
 UPDATE receiver_audit SET outcome = ?2, detail = ?3 WHERE id = ?1
 RETURNING id;
 
+-- name: delete_old_audit
+-- See queries.postgresql.sql: at most ?3 of the oldest audit records older than ?2 seconds
+-- before ?1, through receiver_audit_at; one row (n = 1) per record deleted.
+DELETE FROM receiver_audit
+WHERE id IN (
+    SELECT id FROM receiver_audit
+    WHERE at < COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0) - ?2
+    ORDER BY at
+    LIMIT ?3
+)
+RETURNING 1 AS n;
+
 -- name: console_audit_list
 SELECT id, at, actor, action, provider, webhook_id, fence, reason, outcome, detail
 FROM receiver_audit

@@ -1,0 +1,159 @@
+"""How long the sweeper keeps dead letters and the console's audit records, on both stores:
+the configured retentions (constructor arguments and configuration keys) and their defaults,
+applied by the same bounded pass that deletes expired receipts, batch by batch, oldest first;
+and on PostgreSQL, a batch of old audit records is read through its index, never the table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from receiver import Actions, ConfigurationError, Receiver, Store, load_config
+from receiver._ledger import receipts as ledger
+from receiver._ledger.receipts import Claim, Claimed, Key
+from receiver._ops import sweeper
+from receiver._store.queries import queries
+from tests.support import Clock, ledger_clock
+
+DAY = 86_400.0
+T0 = 1_900_000_000.0
+
+
+async def audit_at(store: Store, *ages: float) -> None:
+    """One audit record per age (days before T0)."""
+    async with store.acquire() as conn:
+        for age in ages:
+            await conn.run(
+                "console_audit_add", T0 - age * DAY, "ada", "replay", "shop", f"w{age}", 1, "r", "x"
+            )
+
+
+async def audit_ages(store: Store) -> list[str]:
+    async with store.acquire() as conn:
+        rows = await conn.run_all("console_audit_list", None, 100)
+    return sorted(r["webhook_id"] for r in rows)
+
+
+async def dead_letter(store: Store, webhook_id: str, days_past_window: float) -> None:
+    """A delivery released after a failed attempt whose window ended that long before T0."""
+    key = Key("shop", webhook_id)
+    start = T0 - (days_past_window + 1) * DAY
+    async with store.acquire() as conn:
+        got = await ledger.claim(conn, Claim(key, b"h" * 32, "t", b"{}", start, 60, DAY))
+        assert isinstance(got, Claimed)
+        assert await ledger.release(conn, key, got.fence, "boom", start)
+
+
+async def receipt_ids(store: Store) -> list[str]:
+    async with store.acquire() as conn:
+        rows = await conn.fetch("SELECT webhook_id FROM receiver_receipts ORDER BY webhook_id")
+    return [r["webhook_id"] for r in rows]
+
+
+async def test_the_receivers_retentions_and_their_defaults(store: Store) -> None:
+    ledger_clock(store, Clock(T0))
+    async with store.acquire() as conn:
+        await conn.execute("DELETE FROM receiver_audit")
+    await audit_at(store, 400, 100, 1)
+    for webhook_id, days in (("d20", 20), ("d5", 5)):
+        await dead_letter(store, webhook_id, days)
+
+    default = await Receiver(store, sweep_interval=None).sweep()
+    assert (default.deleted, default.audit_deleted) == (1, 1)  # past 7 days, past 365 days
+    assert await audit_ages(store) == ["w1", "w100"]
+    assert await receipt_ids(store) == ["d5"]
+
+    await dead_letter(store, "d20", 20)
+    kept = Receiver(store, sweep_interval=None, dead_letter_retention=30 * DAY)
+    assert (await kept.sweep()).deleted == 0
+    shorter = Receiver(
+        store, sweep_interval=None, dead_letter_retention=2 * DAY, audit_retention=90 * DAY
+    )
+    report = await shorter.sweep()
+    assert (report.deleted, report.audit_deleted) == (2, 1)
+    assert await audit_ages(store) == ["w1"]
+    assert await receipt_ids(store) == []
+
+
+async def test_old_audit_records_go_in_bounded_batches_oldest_first(store: Store) -> None:
+    ledger_clock(store, Clock(T0))
+    async with store.acquire() as conn:
+        await conn.execute("DELETE FROM receiver_audit")
+    await audit_at(store, *(10 + n for n in range(7)), 1)
+    report = await sweeper.sweep(store, None, now=T0, delete_batch=2, audit_retention=5 * DAY)
+    assert report.audit_deleted == 7
+    assert await audit_ages(store) == ["w1"]
+    # A spent budget stops after one batch; the oldest go first.
+    await audit_at(store, 30, 20, 10)
+    report = await sweeper.sweep(
+        store, None, now=T0, delete_batch=2, budget=0.0, audit_retention=5 * DAY
+    )
+    assert report.audit_deleted == 2
+    assert await audit_ages(store) == ["w1", "w10"]
+
+
+async def test_an_executor_on_a_bare_store_keeps_its_own_retentions(store: Store) -> None:
+    ledger_clock(store, Clock(T0))
+    async with store.acquire() as conn:
+        await conn.execute("DELETE FROM receiver_audit")
+    await audit_at(store, 50)
+    await dead_letter(store, "d3", 3)
+    actions = Actions(
+        store, sweep_interval=None, dead_letter_retention=1 * DAY, audit_retention=DAY
+    )
+    report = await actions.sweep()
+    assert (report.deleted, report.audit_deleted) == (1, 1)
+    rx = Receiver(store, sweep_interval=None)
+    with pytest.raises(ConfigurationError, match="give dead_letter_retention"):
+        Actions(rx, audit_retention=DAY)
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("inf"), float("nan"), "7d", True])
+def test_a_retention_is_finite_seconds(bad: object) -> None:
+    for name in ("dead_letter_retention", "audit_retention"):
+        with pytest.raises(ConfigurationError, match=name):
+            Receiver("sqlite:///unused.db", sweep_interval=None, **{name: bad})  # type: ignore[arg-type]
+
+
+PROVIDER = '\n[providers.shop]\nsecrets_env = ["SHOP_SECRET"]\n'
+ENV = {"SHOP_SECRET": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}
+
+
+def test_the_configuration_keys(tmp_path: Path) -> None:
+    path = tmp_path / "receiver.toml"
+    store = f'store = "sqlite:///{tmp_path}/x.db"\n'
+    path.write_text(f'{store}dead_letter_retention = "30d"\naudit_retention = "90d"\n{PROVIDER}')
+    config = load_config(path)
+    assert (config.dead_letter_retention, config.audit_retention) == (30 * DAY, 90 * DAY)
+    rx = config.receiver(environ=ENV)
+    assert (rx.dead_letter_retention, rx.audit_retention) == (30 * DAY, 90 * DAY)
+    path.write_text(store + PROVIDER)
+    defaults = load_config(path)
+    assert (defaults.dead_letter_retention, defaults.audit_retention) == (7 * DAY, 365 * DAY)
+    path.write_text(f'{store}audit_retention = "forever"\n{PROVIDER}')
+    with pytest.raises(ConfigurationError, match="audit_retention"):
+        load_config(path)
+
+
+async def test_a_batch_of_old_audit_records_reads_the_index(pg_url: str) -> None:
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await conn.execute("DELETE FROM receiver_audit")
+        await conn.execute(
+            "INSERT INTO receiver_audit (at, actor, action, provider, webhook_id, reason) "
+            "SELECT now() - i * interval '1 hour', 'ada', 'replay', 'shop', 'w' || i, 'r' "
+            "FROM generate_series(1, 20000) AS i"
+        )
+        await conn.execute("ANALYZE receiver_audit")
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        sql = queries("postgresql")["delete_old_audit"]
+        await conn.execute(f"PREPARE old_audit (float8, float8, int) AS {sql}")
+        rows = await conn.fetch(f"EXPLAIN EXECUTE old_audit ({T0}, 86400, 5000)")
+        plan = "\n".join(r[0] for r in rows)
+        assert "receiver_audit_at" in plan, plan
+        assert "Seq Scan on receiver_audit" not in plan, plan
+    finally:
+        await conn.execute("DELETE FROM receiver_audit")
+        await conn.close()
