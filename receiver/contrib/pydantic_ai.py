@@ -31,6 +31,14 @@ arguments are valid: a call Pydantic AI rejects before it runs takes no ordinal)
 the model makes again after a retry prompt (``ModelRetry``, a validation error) takes the
 ordinal it was given before, and a call after an executed one takes the next.
 
+**Durable agents.** Inside a DBOS workflow (Pydantic AI's ``DBOSDurability``) or a Prefect
+flow (``PrefectDurability``), key by the durable run instead of a Turn in the deps:
+``ActionTools(actions, durable_scope="tenant-42")`` (or a function of the deps). The turn is
+then the run's id, which those runtimes derive from the workflow id (the flow run id) and the
+run's position in it, so a recovered workflow replays its recorded model responses into the
+same keys: a tool call cut off after its effect is reconciled instead of run again. Outside a
+durable run, such a toolset refuses to act (the run id would be a fresh random one).
+
 **What the model sees.** A result (stored on first run, the same on every retry) as a
 ``ToolReturn`` with the key in its metadata; :class:`~receiver.ActionFailed` as a final error
 result it can act on (the corrected call is a new action); :class:`~receiver.ActionInProgress`
@@ -46,6 +54,7 @@ import functools
 import inspect
 import itertools
 import math
+import sys
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar, overload
@@ -115,7 +124,9 @@ class Turn:
 class ActionTools(Generic[DepsT]):
     """Tools whose calls go through ``actions``, collected in :attr:`toolset` (pass it to
     ``Agent(toolsets=[...])``). ``turn`` reads the :class:`Turn` from the run's deps; by
-    default the deps are a Turn or have a ``turn`` attribute that is one.
+    default the deps are a Turn or have a ``turn`` attribute that is one. ``durable_scope``
+    (a string, or a function of the deps) keys by the durable run instead: that scope, and the
+    run's id as the turn (module docstring, "Durable agents").
 
     A tool is ``async def f(call: ToolCall, tx: Connection, <arguments>)``: the model sees the
     arguments after ``call`` and ``tx``, Pydantic AI validates them, and the executor runs the
@@ -129,11 +140,20 @@ class ActionTools(Generic[DepsT]):
         actions: Actions,
         *,
         turn: Callable[[DepsT], Turn] | None = None,
+        durable_scope: str | Callable[[DepsT], str] | None = None,
         retries: int | None = None,
     ) -> None:
+        if turn is not None and durable_scope is not None:
+            raise ConfigurationError(
+                "pass turn= or durable_scope=, not both: a durable run keys its actions by "
+                "the run itself"
+            )
+        if isinstance(durable_scope, str) and not durable_scope.strip():
+            raise ConfigurationError("durable_scope must be a non-empty string or a function")
         self.actions = actions
         self.toolset: FunctionToolset[DepsT] = FunctionToolset()
         self._turn = turn
+        self._durable_scope = durable_scope
         self._retries = retries
 
     def add(
@@ -257,7 +277,7 @@ class ActionTools(Generic[DepsT]):
         schema: SchemaValidator,
         arguments: dict[str, Any],
     ) -> ToolReturn:
-        where = self._where(ctx.deps)
+        where = self._where(ctx)
         turn = str(where.turn)
         ordinal = _ordinal(ctx, name, where.scope, turn, schema)
         action = self.actions.propose(
@@ -304,9 +324,21 @@ class ActionTools(Generic[DepsT]):
             result.value, metadata={METADATA_KEY: {**record, "replayed": result.replayed}}
         )
 
-    def _where(self, deps: DepsT) -> Turn:
+    def _where(self, ctx: RunContext[DepsT]) -> Turn:
+        deps = ctx.deps
         where: object
-        if self._turn is not None:
+        if self._durable_scope is not None:
+            scope = self._durable_scope
+            if not isinstance(scope, str):
+                scope = scope(deps)
+            if not _in_durable_run() or not ctx.run_id:
+                raise ActionError(
+                    "ActionTools(durable_scope=...) keys actions by the durable run: run the "
+                    "agent inside a DBOS workflow (DBOSDurability) or a Prefect flow "
+                    "(PrefectDurability), or pass deps=Turn(...) with turn= instead"
+                )
+            where = Turn(scope=scope, turn=ctx.run_id)
+        elif self._turn is not None:
             where = self._turn(deps)
         else:
             where = deps if isinstance(deps, Turn) else getattr(deps, "turn", None)
@@ -317,6 +349,18 @@ class ActionTools(Generic[DepsT]):
                 "ActionTools(actions, turn=lambda deps: ...)"
             )
         return where
+
+
+def _in_durable_run() -> bool:
+    """Whether this call runs inside a durable run whose run id its runtime derives from the
+    workflow (so a recovered run has the same one). Only a runtime already imported can be
+    running, so none is imported here."""
+    dbos = sys.modules.get("dbos")
+    if getattr(dbos, "DBOS", None) is not None and dbos.DBOS.workflow_id is not None:  # type: ignore[union-attr]
+        return True
+    context = sys.modules.get("prefect.context")
+    flow_run_context = getattr(context, "FlowRunContext", None)
+    return flow_run_context is not None and flow_run_context.get() is not None
 
 
 def _split_signature(
