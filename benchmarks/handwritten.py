@@ -11,7 +11,13 @@ exactly like the receiver (``uvicorn benchmarks.handwritten:app``), chosen by en
                            RETURNING (the answer is stored before the handler runs: not crash-safe
                            for anything the handler does; the fastest possible dedup)
                   sqlite   aiosqlite, WAL, synchronous=NORMAL (no fsync per commit): claim then
-                           complete, two statements
+                           complete, two statements; one connection, held (an asyncio lock) for
+                           one unit of work at a time: the claim, then the completion (with the
+                           business row, in a transaction), so that concurrent deliveries'
+                           statements queue on aiosqlite's thread back to back
+                  sqlite_serial  the same, with the lock held for the whole delivery (claim,
+                           handler, completion): every delivery waits for the one before it to
+                           make two or four hops to aiosqlite's thread and back
     HAND_STORE    postgresql://... or the SQLite file path
     HAND_SECRET   the whsec_ secret
     HAND_HANDLER  noop | insert (insert: one business row, in a transaction with the completion)
@@ -135,46 +141,77 @@ async def _replay_pg(conn: asyncpg.Connection, wid: str) -> Response:
 
 
 async def sqlite(request: Request) -> Response:
+    """The connection is held for one unit of work at a time (claim; completion)."""
     body = await request.body()
     payload = verify(request, body)
     if payload is None:
         return Response(b'{"error":"signature"}', 401, media_type="application/json")
     wid = request.headers["webhook-id"]
-    db: aiosqlite.Connection = state["db"]
+    async with state["lock"]:
+        replayed = await _claim_sqlite(wid)
+    if replayed is not None:
+        return replayed
     answer = orjson.dumps({"id": wid})
     async with state["lock"]:
-        cursor = await db.execute(
-            "INSERT INTO hand_receipts (id, state, created_at) VALUES (?, 'in_flight', "
-            "unixepoch()) ON CONFLICT (id) DO NOTHING RETURNING 1",
-            (wid,),
-        )
-        claimed = await cursor.fetchone()
-        await cursor.close()
-        if claimed is None:
-            rows = await db.execute_fetchall(
-                "SELECT state, status, body FROM hand_receipts WHERE id = ?", (wid,)
-            )
-            row = next(iter(rows), None)
-            if row is None or row[0] != "completed":
-                return Response(b'{"error":"in_flight"}', 409, media_type="application/json")
-            return Response(bytes(row[2]), row[1], media_type="application/json")
-        if HANDLER == "insert":
-            await db.execute("BEGIN")
-            await db.execute("INSERT INTO hand_business VALUES (?, ?)", (wid, 1))
-        await db.execute(
-            "UPDATE hand_receipts SET state = 'completed', status = 200, body = ? WHERE id = ?",
-            (answer, wid),
-        )
-        if HANDLER == "insert":
-            await db.execute("COMMIT")
+        await _complete_sqlite(wid, answer)
     return Response(answer, 200, media_type="application/json")
+
+
+async def sqlite_serial(request: Request) -> Response:
+    """The connection is held for the whole delivery."""
+    body = await request.body()
+    payload = verify(request, body)
+    if payload is None:
+        return Response(b'{"error":"signature"}', 401, media_type="application/json")
+    wid = request.headers["webhook-id"]
+    answer = orjson.dumps({"id": wid})
+    async with state["lock"]:
+        replayed = await _claim_sqlite(wid)
+        if replayed is not None:
+            return replayed
+        await _complete_sqlite(wid, answer)
+    return Response(answer, 200, media_type="application/json")
+
+
+async def _claim_sqlite(wid: str) -> Response | None:
+    """None if claimed now; else the answer to a redelivery."""
+    db: aiosqlite.Connection = state["db"]
+    cursor = await db.execute(
+        "INSERT INTO hand_receipts (id, state, created_at) VALUES (?, 'in_flight', "
+        "unixepoch()) ON CONFLICT (id) DO NOTHING RETURNING 1",
+        (wid,),
+    )
+    claimed = await cursor.fetchone()
+    await cursor.close()
+    if claimed is not None:
+        return None
+    rows = await db.execute_fetchall(
+        "SELECT state, status, body FROM hand_receipts WHERE id = ?", (wid,)
+    )
+    row = next(iter(rows), None)
+    if row is None or row[0] != "completed":
+        return Response(b'{"error":"in_flight"}', 409, media_type="application/json")
+    return Response(bytes(row[2]), row[1], media_type="application/json")
+
+
+async def _complete_sqlite(wid: str, answer: bytes) -> None:
+    db: aiosqlite.Connection = state["db"]
+    if HANDLER == "insert":
+        await db.execute("BEGIN")
+        await db.execute("INSERT INTO hand_business VALUES (?, ?)", (wid, 1))
+    await db.execute(
+        "UPDATE hand_receipts SET state = 'completed', status = 200, body = ? WHERE id = ?",
+        (answer, wid),
+    )
+    if HANDLER == "insert":
+        await db.execute("COMMIT")
 
 
 @asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
     import asyncio
 
-    if KIND == "sqlite":
+    if KIND.startswith("sqlite"):
         db = await aiosqlite.connect(STORE, isolation_level=None)
         await db.execute("PRAGMA journal_mode = WAL")
         await db.execute("PRAGMA synchronous = NORMAL")
@@ -197,5 +234,5 @@ async def _no_reset(conn: asyncpg.Connection) -> None:
     pass
 
 
-ENDPOINTS = {"pg2": pg2, "pg1": pg1, "sqlite": sqlite}
+ENDPOINTS = {"pg2": pg2, "pg1": pg1, "sqlite": sqlite, "sqlite_serial": sqlite_serial}
 app = Starlette(routes=[Route("/{provider}", ENDPOINTS[KIND], methods=["POST"])], lifespan=lifespan)
