@@ -136,7 +136,15 @@ def console_command(args: argparse.Namespace) -> int:
     if args.end_sessions:
         return end_sessions(args)
     console = build_console(args)
-    uvicorn.run(console, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
+    uvicorn.run(
+        console,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        lifespan="on",
+        # Open live pages hold an event stream: they reconnect to the next console.
+        timeout_graceful_shutdown=5,
+    )
     return 0
 
 

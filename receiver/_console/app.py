@@ -31,7 +31,19 @@ from .._ops.metrics import Metrics
 from .._store.base import Store
 from .._store.migrations import missing
 from .._store.url import store_from_url
-from . import actions, auth, bulk, bulk_pages, operate, overview, pages, queries, receipt, sessions
+from . import (
+    actions,
+    auth,
+    bulk,
+    bulk_pages,
+    live,
+    operate,
+    overview,
+    pages,
+    queries,
+    receipt,
+    sessions,
+)
 from .forms import BadRequest, read_form
 from .html import Html, esc, link, render, static
 
@@ -120,6 +132,7 @@ class Console:
         self.registry = registry
         self._checked = False
         self._check_lock = asyncio.Lock()
+        self.live = live.Live(self)
         get, post, both = ["GET"], ["POST"], ["GET", "POST"]
         page = self._page
         self._app = Starlette(
@@ -135,6 +148,9 @@ class Console:
                 Route("/resolve", page(operate.settle(self, "resolve")), methods=post),
                 Route("/fail", page(operate.settle(self, "fail")), methods=post),
                 Route("/audit", page(self._audit), methods=get),
+                Route("/live", page(self.live.page()), methods=get),
+                Route("/live/events", page(self.live.events()), methods=get),
+                Route("/live.js", live.script, methods=get),
                 Route("/bulk", page(bulk_pages.page(self)), methods=both),
                 Route("/bulk/job", page(bulk_pages.job_page(self)), methods=get),
                 Route("/bulk/cancel", page(bulk_pages.cancel(self)), methods=post),
@@ -293,6 +309,7 @@ class Console:
     ) -> HTMLResponse:
         nav_items = [
             ("/", "Overview"),
+            ("/live", "Live"),
             ("/receipts", "Receipts"),
             ("/attention", "Needs attention"),
             ("/actions", "Agent actions"),

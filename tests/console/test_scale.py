@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from receiver import PostgresStore
-from receiver._console import Console
+from receiver._console import Console, live
+from receiver._console import queries as console_queries
 from receiver._store.queries import queries
 
 pytestmark = pytest.mark.postgres
@@ -148,6 +149,9 @@ async def test_the_overview_stays_fast_on_a_large_ledger(
         "/attention?list=needs_review",
         "/attention?list=stale",
         "/receipts?id=msg_150001",
+        "/live",
+        "/bulk?count=1",
+        "/bulk?count=1&provider=shop&error=timeout&since=24h",
     ],
 )
 async def test_the_lists_stay_fast_on_a_large_ledger(client: httpx.AsyncClient, path: str) -> None:
@@ -206,6 +210,19 @@ PLANS: dict[str, tuple[list[Any], str]] = {
     "console_failure_chart": ([time.time() - DAY, 3600.0, 24, 2000], "receiver_attempts_failed_at"),
     "console_audit_list": ([None, 50], "receiver_audit_pkey"),
     "console_audit_of": (["shop", "msg_1", 50], "receiver_audit_key"),
+    # The live overview: one probe for the backlog, bounded walks for the recent numbers.
+    "live_backlog": (["shop"], "receiver_receipts_backlog"),
+    "live_recent": (["shop", time.time() - 900, 2000], "receiver_receipts_provider_claimed"),
+    "live_failures": ([time.time() - 900, 2000], "receiver_attempts_failed_at"),
+    # A bulk replay's dry run and snapshot read the small states only.
+    "bulk_count": (
+        ["", "", "", None, None, "timeout", 100_001],
+        "receiver_receipts_released_failed",
+    ),
+    "bulk_match": (
+        ["shop", "failed", "", None, None, "", 20],
+        "receiver_receipts_released_failed",
+    ),
 }
 
 
@@ -244,3 +261,19 @@ def _text(node: Any) -> str:
 
     walk(node)
     return "\n".join(found)
+
+
+async def test_a_live_reading_stays_fast_on_a_large_ledger(large: str) -> None:
+    """The live overview reads each provider's newest 15 minutes (bounded walks) and one
+    backlog probe: measured here without the reading the console shares between pages."""
+    async with PostgresStore(large) as store, store.acquire() as conn:
+        names = [p for p in await console_queries.providers(conn) if ":" not in p]
+        await live.read(conn, time.time(), names)
+        started = time.perf_counter()
+        reading = await live.read(conn, time.time(), names)
+        elapsed = time.perf_counter() - started
+    print(f"live reading of {len(names)} providers on {N} receipts: {elapsed * 1000:.0f} ms")
+    assert elapsed < 2.0
+    shop = next(p for p in reading.providers if p.name == "shop")
+    assert shop.backlog_age is not None  # released receipts wait
+    assert 0 < shop.windows[0].completed <= shop.windows[2].completed

@@ -221,3 +221,30 @@ UPDATE receiver_bulk_jobs SET done = done + 1 WHERE id = $1 RETURNING done;
 -- name: bulk_outcomes
 -- A job's items by outcome (NULL: not done yet).
 SELECT outcome, count(*) AS n FROM receiver_bulk_items WHERE job = $1 GROUP BY outcome;
+
+-- Live numbers (receiver/_console/live.py), each an index walk bounded however large the
+-- ledger: a provider's oldest queued or released delivery (receiver_receipts_backlog, one
+-- probe), its newest claims since $2 (receiver_receipts_provider_claimed, at most $3), and the
+-- newest failed attempts since $1 (receiver_attempts_failed_at, at most $2).
+
+-- name: live_backlog
+SELECT extract(epoch FROM COALESCE(due_at, claimed_at))::float8 AS oldest
+FROM receiver_receipts
+WHERE provider COLLATE "C" = $1 AND state IN ('queued', 'released')
+ORDER BY COALESCE(due_at, claimed_at)
+LIMIT 1;
+
+-- name: live_recent
+SELECT extract(epoch FROM claimed_at)::float8 AS claimed_at,
+       extract(epoch FROM completed_at)::float8 AS completed_at, state
+FROM receiver_receipts
+WHERE provider COLLATE "C" = $1 AND claimed_at >= to_timestamp($2::float8)
+ORDER BY claimed_at DESC
+LIMIT $3;
+
+-- name: live_failures
+SELECT provider, extract(epoch FROM failed_at)::float8 AS failed_at
+FROM receiver_attempts
+WHERE failed_at >= to_timestamp($1::float8)
+ORDER BY failed_at DESC
+LIMIT $2;

@@ -179,3 +179,26 @@ UPDATE receiver_bulk_jobs SET done = done + 1 WHERE id = ?1 RETURNING done;
 
 -- name: bulk_outcomes
 SELECT outcome, count(*) AS n FROM receiver_bulk_items WHERE job = ?1 GROUP BY outcome;
+
+-- Live numbers (receiver/_console/live.py): see console.postgresql.sql.
+
+-- name: live_backlog
+SELECT COALESCE(due_at, claimed_at) AS oldest
+FROM receiver_receipts
+WHERE provider = ?1 AND state IN ('queued', 'released')
+ORDER BY COALESCE(due_at, claimed_at)
+LIMIT 1;
+
+-- name: live_recent
+SELECT claimed_at, completed_at, state
+FROM receiver_receipts
+WHERE provider = ?1 AND claimed_at >= ?2
+ORDER BY claimed_at DESC
+LIMIT ?3;
+
+-- name: live_failures
+SELECT provider, failed_at
+FROM receiver_attempts
+WHERE failed_at >= ?1
+ORDER BY failed_at DESC
+LIMIT ?2;
