@@ -19,6 +19,7 @@ from receiver import Receiver, Store
 from receiver._console import Console, bulk
 from receiver._ledger import receipts as ledger
 from receiver._ledger.receipts import Key
+from receiver.testing import Sender
 
 from . import bulkapp
 from .test_console import audit_rows, csrf_of, notice_after
@@ -200,7 +201,7 @@ async def test_queued_dead_letters_go_back_to_the_workers(rx: Receiver, store: S
 
     async with rx:
         await bulkapp.broken(store, True)
-        async with bulkapp.Sender(rx, "jobs", bulkapp.SECRET) as sender:
+        async with Sender(rx, "jobs", bulkapp.SECRET) as sender:
             for n in range(3):
                 assert (
                     await sender.send(sender.event("order.created", {}, id=f"q{n}"))
