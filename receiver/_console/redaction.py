@@ -30,19 +30,14 @@ SECRET_WORDS = frozenset(
         "passphrase",
         "passcode",
         "secret",
-        "secrets",
         "token",
-        "tokens",
         "auth",
         "authorization",
         "credential",
-        "credentials",
         "key",
-        "keys",
         "apikey",
         "signature",
         "cookie",
-        "cookies",
         "session",
         "jwt",
         "card",
@@ -71,15 +66,11 @@ SECRET_COMPOUNDS = frozenset(
 ABOUT_WORDS = frozenset(
     {
         "id",
-        "ids",
         "url",
-        "urls",
         "uri",
         "href",
         "type",
-        "types",
         "name",
-        "names",
         "count",
         "length",
         "hint",
@@ -131,11 +122,15 @@ def words(name: str) -> list[str]:
     return [w.lower() for w in _WORD.findall(name)]
 
 
+def _singular(word: str) -> str:
+    # Plurals by their "s" only: keys, tokens, passwords, cards, urls, ids.
+    return word[:-1] if len(word) > 2 and word.endswith("s") else word
+
+
 def _secret_word(word: str) -> bool:
-    return (
-        word in SECRET_WORDS
-        or word in SECRET_COMPOUNDS
-        or any(word.endswith(e) for e in SECRET_ENDINGS)
+    return any(
+        w in SECRET_WORDS or w in SECRET_COMPOUNDS or any(w.endswith(e) for e in SECRET_ENDINGS)
+        for w in {word, _singular(word)}
     )
 
 
@@ -157,7 +152,8 @@ def secret_field(name: str, extra: Iterable[str] = ()) -> bool:
     if "session" in found:  # a session's id is the session itself
         return True
     named = [w for w in found if not w.isdigit()]
-    return not (len(named) > 1 and named[-1] in ABOUT_WORDS)
+    about = len(named) > 1 and bool({named[-1], _singular(named[-1])} & ABOUT_WORDS)
+    return not about
 
 
 def redact(value: Any, extra: Iterable[str] = ()) -> Any:

@@ -66,6 +66,12 @@ MASKED = [
     "session_id",
     "sessionId",
     "clientsecret",
+    # plurals
+    "passwords",
+    "api_keys",
+    "cards",
+    "accessTokens",
+    "authorizations",  # Slack's: only ids, masked all the same (the rule is by words)
 ]
 
 SHOWN = [
@@ -88,6 +94,8 @@ SHOWN = [
     "access_tokens_url",  # GitHub
     "password_changed_at",
     "card_brand",
+    "key_ids",
+    "token_types",
     # Stripe
     "livemode",
     "payment_method",
@@ -105,7 +113,6 @@ SHOWN = [
     # Slack
     "api_app_id",
     "team_id",
-    "authorizations",
     # Twilio
     "AccountSid",
     "MessageSid",
