@@ -93,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
         "tools: --app or --config); with --config, the store instead of the file's",
     )
     _add(sweep, "batch", "receipts per batch", 100, type=int)
+    _add(sweep, "dead-letter-retention", "with --store: dead letters kept after their window (7d)")
+    _add(sweep, "audit-retention", "with --store: operators' audit records kept (365d)")
 
     worker = sub.add_parser(
         "worker",

@@ -15,10 +15,11 @@ from collections.abc import Iterator
 
 from .._exceptions import ReceiverError
 from .._logging import logging_config
-from .._ops.sweeper import KeySweeper, SweepReport
+from .._ops.sweeper import AUDIT_RETENTION, DEAD_LETTER_RETENTION, KeySweeper, SweepReport
 from .._store.url import store_from_url
 from .._verification.verifier import generate_secret
 from .._webhooks.app import DEFAULT_STORE, Receiver
+from .._webhooks.schedules import parse_duration
 from .loading import (
     DEFAULT_APP,
     build_receiver,
@@ -102,20 +103,45 @@ def _run_uvicorn(args: argparse.Namespace, app: str, factory: bool) -> None:
     )
 
 
-async def _sweep_store(url: str, batch: int) -> SweepReport:
+async def _sweep_store(url: str, batch: int, retention: float, audit: float) -> SweepReport:
     """One pass of the sweeper an app without a Receiver has (receiver/_ops/sweeper.py)."""
     async with store_from_url(url) as store:
-        return await KeySweeper(store, {}, None).run_once(batch=batch)
+        sweeper = KeySweeper(store, {}, None, retention=retention, audit_retention=audit)
+        return await sweeper.run_once(batch=batch)
+
+
+def _retentions(args: argparse.Namespace) -> tuple[float, float]:
+    """``--dead-letter-retention`` and ``--audit-retention``, for a sweep of ``--store`` alone
+    (an app's or a file's Receiver has its own, which these would contradict)."""
+    found = []
+    for option, value, default in (
+        ("--dead-letter-retention", args.dead_letter_retention, DEAD_LETTER_RETENTION),
+        ("--audit-retention", args.audit_retention, AUDIT_RETENTION),
+    ):
+        if value is None:
+            found.append(default)
+            continue
+        if not args.store or args.config:
+            raise ReceiverError(
+                f"{option} applies to a sweep of --store alone: an app's Receiver (or a "
+                "--config file) has its own (dead_letter_retention=, audit_retention=)"
+            )
+        try:
+            found.append(parse_duration(value))
+        except ReceiverError as exc:
+            raise ReceiverError(f"{option}: {exc}") from None
+    return found[0], found[1]
 
 
 def sweep_command(args: argparse.Namespace) -> int:
+    retention, audit = _retentions(args)
     if args.store and not args.config:
         if args.app != DEFAULT_APP:
             raise ReceiverError(
                 "--store sweeps a store without an app, --app sweeps with the app's handlers: "
                 "give one of them (the app's own store is the one it is built with)"
             )
-        report = asyncio.run(_sweep_store(args.store, args.batch))
+        report = asyncio.run(_sweep_store(args.store, args.batch, retention, audit))
     else:
         rx = config_receiver(args) if args.config else load_receiver(args.app)
 

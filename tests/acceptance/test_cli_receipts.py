@@ -1,13 +1,16 @@
 """The real ``receiver`` command on a queued delivery, on both stores: ``inspect`` shows one no
 worker has taken yet, ``replay`` puts a dead letter back in the queue and says so with exit
 status 0, and each replay from the command line is one row of the console's audit, with its
-outcome; and ``--app`` naming a module that does not exist is one line and status 2."""
+outcome; ``--app`` naming a module that does not exist is one line and status 2; and ``receiver
+sweep --store`` takes its retentions."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +103,32 @@ def test_a_wrong_module_in_app_is_one_line_and_status_2(command: str, tmp_path: 
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("receiver: --app no_such_module.inner:rx: no module named")
     assert "Traceback" not in done.stderr
+
+
+def test_a_store_sweep_takes_its_retentions(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/ledger.db"
+
+    async def audit(*ages: float) -> None:
+        async with store_from_url(url) as store, store.acquire() as conn:
+            for age in ages:
+                at = time.time() - age * 86_400
+                await conn.run(
+                    "console_audit_add", at, "ada", "replay", "acme", f"w{age:g}", 1, "r", "x"
+                )
+
+    asyncio.run(audit(400, 30, 1))
+    default = receiver("sweep", "--store", url)
+    assert default.returncode == 0, default.stderr
+    assert "1 old audit records" in default.stdout
+    shorter = receiver("sweep", "--store", url, "--audit-retention", "7d")
+    assert shorter.returncode == 0, shorter.stderr
+    assert "1 old audit records" in shorter.stdout
+    assert [r["webhook_id"] for r in asyncio.run(audit_rows(url))] == ["w1"]
+    for args in (
+        ["--app", APP, "--audit-retention", "1d"],
+        ["--store", url, "--audit-retention", "3 weeks"],
+    ):
+        done = receiver("sweep", *args)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip().count("\n") == 0, done.stderr
+        assert "--audit-retention" in done.stderr

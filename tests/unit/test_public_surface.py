@@ -173,8 +173,10 @@ CLI = {
     ],
     "sweep": [
         "--app",
+        "--audit-retention",
         "--batch",
         "--config",
+        "--dead-letter-retention",
         "--help",
         "--store",
         "-h",
