@@ -32,6 +32,9 @@ For an agent's tools (:class:`~receiver.Actions`):
   after the external call, recovered by the retry, the sweeper or reconcile.
 - :func:`replans` / :func:`check_actions`: retries, restarts, regenerations and concurrent
   planners against your invariant, shrunk to the steps that break it.
+- :func:`crash_and_resume`: under a durable-execution runtime (DBOS, Prefect, Pydantic AI's
+  durable agents), a death after the tool's effect and before the runtime recorded the step,
+  then the runtime's own recovery.
 
 For endpoints behind the :class:`~receiver.IdempotencyKeyMiddleware`:
 
@@ -97,6 +100,7 @@ from ._request_steps import (
     play_requests,
     resends,
 )
+from ._runtime import RUNTIME_FAULTS, Resumed, crash_and_resume
 from ._schedule import ScheduleRun, replay_schedule
 from ._schemes import SCHEMES, Webhook
 from ._sender import Delivery, Sender
@@ -116,6 +120,7 @@ __all__ = [
     "DEEP_EXAMPLES",
     "PG_URL_VARIABLE",
     "REQUEST_FAULTS",
+    "RUNTIME_FAULTS",
     "SCHEMES",
     "STYLES",
     "ActionStep",
@@ -147,6 +152,7 @@ __all__ = [
     "RequestStep",
     "Reserialize",
     "Restart",
+    "Resumed",
     "ScheduleRun",
     "Send",
     "Sender",
@@ -171,6 +177,7 @@ __all__ = [
     "concurrently",
     "count",
     "crash_and_recover",
+    "crash_and_resume",
     "examples",
     "in_flight",
     "play",

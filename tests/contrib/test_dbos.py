@@ -5,15 +5,26 @@ recovery. Alone, DBOS refunds twice; with the executor under the step, once."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
-from dbos import DBOS
+from dbos import DBOS, SetWorkflowID
 
 from benchmarks.durable.experiment import Experiment, Runtime
-from receiver import ActionError, Actions, ConfigurationError, SQLiteStore, action_key
+from benchmarks.durable.refunds import Payments, register
+from receiver import (
+    ActionError,
+    Actions,
+    ConfigurationError,
+    PostgresStore,
+    SQLiteStore,
+    action_key,
+)
 from receiver._actions.action import downstream_key
 from receiver.contrib.dbos import DBOSActions
+from receiver.testing import Resumed, crash_and_resume
 
 pytestmark = pytest.mark.slow
 
@@ -60,3 +71,81 @@ async def test_misuse_is_refused_before_anything_runs(tmp_path: Path) -> None:
     with pytest.raises(ActionError, match=r"@dbos_actions\.step"):
         await dbos_actions.run("refund", {"order": "A-1"})
     assert DBOS.workflow_id is None
+
+
+async def test_the_kit_drives_dbos_recovery_and_catches_a_bypass_and_a_drifting_key(
+    experiment: Experiment, durable_db: str
+) -> None:
+    """receiver.testing.crash_and_resume under DBOS in this process: the first refund dies after
+    the payment answered (SimulatedCrash: DBOS leaves the workflow pending), then
+    DBOS.resume_workflow_async recovers it. Through DBOSActions: one refund. A step that
+    refunds without the executor, or keys its action by something recovery changes, fails."""
+    payments = Payments(experiment.payments_url)
+    DBOS(
+        config={
+            "name": "receiver-kit",
+            "system_database_url": durable_db,
+            "log_level": "ERROR",
+            "enable_otlp": False,
+        }
+    )
+    store = PostgresStore(durable_db, max_size=4)
+    await store.open()
+    try:
+        actions = Actions(store, metrics=False, lease=0.5, sweep_interval=None)
+        register(actions, payments)
+        dbos_actions = DBOSActions(actions)
+
+        @dbos_actions.step(retries_allowed=True, interval_seconds=0.2)
+        async def keyed_step(order: str) -> Any:
+            return (await dbos_actions.run("refund", {"order": order, "cents": 5})).value
+
+        @DBOS.step()
+        async def bypassing_step(order: str) -> Any:
+            return await payments.refund(order, 5)
+
+        @DBOS.step()
+        async def drifting_step(order: str) -> Any:
+            # Keyed by a fresh id each time the step runs: a recovered step asks for another.
+            action = actions.propose(
+                "refund",
+                scope="shop",
+                action_id=uuid.uuid4().hex,
+                request={"order": order, "cents": 5},
+            )
+            return (await actions.execute(action)).value
+
+        steps = {"keyed": keyed_step, "bypassing": bypassing_step, "drifting": drifting_step}
+
+        @DBOS.workflow(name="kit_settle")
+        async def settle(how: str, order: str) -> Any:
+            return await steps[how](order)
+
+        DBOS.launch()
+
+        async def prove(how: str) -> tuple[str, Resumed]:
+            wid = f"kit-{how}-{uuid.uuid4().hex[:8]}"
+
+            async def start() -> Any:
+                with SetWorkflowID(wid):
+                    return await settle(how, wid)
+
+            async def resume() -> Any:
+                return await (await DBOS.resume_workflow_async(wid)).get_result()
+
+            return wid, await crash_and_resume(actions, "refund", start, resume)
+
+        wid, resumed = await prove("keyed")
+        assert resumed.body_runs == 1
+        assert resumed.reconciled == 1
+        assert resumed.keys == (resumed.key, resumed.key)
+        assert resumed.key == action_key(wid, "refund", "step-1.1")
+        assert len(await experiment.refunds(wid)) == 1
+        assert resumed.result == (await experiment.refunds(wid))[0]
+        with pytest.raises(AssertionError, match="never called tool 'refund'"):
+            await prove("bypassing")
+        with pytest.raises(AssertionError, match="asked for another action"):
+            await prove("drifting")
+    finally:
+        DBOS.destroy(destroy_registry=True)
+        await store.close()
