@@ -232,6 +232,10 @@ class Console:
             return True, str(getattr(user, "display_name", "") or "") or None, "operator"
         return True, None, "operator"
 
+    async def allowed(self, request: Request) -> bool:
+        """Whether this request's session still lets it in (an open event stream asks)."""
+        return (await self._who(request))[0]
+
     def _page(self, handler: operate.Handler) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             try:

@@ -280,6 +280,8 @@ class Runner:
                     continue
             except ReceiverError as exc:  # the ledger is away: look again later
                 logger.warning("bulk replay runner: %s", type(exc).__name__)
+            except Exception:  # a bug must not end the runner: the job waits, and is retried
+                logger.exception("bulk replay runner failed; it looks again shortly")
             self.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), POLL)
@@ -287,10 +289,10 @@ class Runner:
     async def run(self, job: int, progress: Any = None) -> str | None:
         """Run ``job`` while this runner holds it: its final state (``done``, ``cancelled``), or
         None if another runner holds it (or took it over)."""
-        lease = await self._lease(job)
-        if lease is None:
+        rate = await self._lease(job)
+        if rate is None:
             return None
-        interval = 1.0 / lease
+        interval = 1.0 / rate
         renewed = next_at = time.monotonic()
         while True:
             async with self.store.acquire() as conn:

@@ -170,6 +170,7 @@ class ConsoleLike(Protocol):
     @property
     def store(self) -> Store: ...
     def now(self) -> float: ...
+    async def allowed(self, request: Request) -> bool: ...
 
 
 class Live:
@@ -216,6 +217,8 @@ class Live:
         ends = loop.time() + STREAM_SECONDS
         yield f"retry: {int(INTERVAL * 1000)}\n\n".encode()
         while loop.time() < ends and not await request.is_disconnected():
+            if not await self.console.allowed(request):
+                return  # signed out (or the session ended) since the page opened
             reading = await self.reading()
             data = {"at": _clock(reading.at), "cells": reading.cells()}
             yield b"event: stats\ndata: " + orjson.dumps(data) + b"\n\n"

@@ -18,7 +18,7 @@ from receiver import Store
 from receiver._console import Console, live
 
 from .conftest import SCREENSHOTS, Served
-from .shop import Shop
+from .shop import TOKEN, Shop
 from .test_sessions import client_of
 
 
@@ -142,3 +142,21 @@ def test_the_live_page_updates_in_the_browser(served: tuple[Served, Shop], page:
     assert re.match(r"\d\d:\d\d:\d\d UTC", page.locator("#live-at").inner_text())
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / "live.png"), full_page=True)
+
+
+def test_a_stream_ends_with_its_session(tmp_path: Path) -> None:
+    shop = Shop(f"sqlite:///{tmp_path / 'ledger.db'}")
+    console = Console(shop.rx.store, receiver=shop.rx, token=TOKEN)
+    with Served(console) as server, httpx.Client(base_url=server.url, timeout=10) as client:
+        login = client.get("/login")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', login.text)
+        assert csrf is not None
+        form = {"csrf": csrf.group(1), "name": "Ada", "token": TOKEN, "next": "/"}
+        assert client.post("/login", data=form).status_code == 303
+        with client.stream("GET", "/live/events") as response:
+            stream = events(response)
+            assert "shop|backlog" not in next(stream)["cells"]  # no deliveries yet
+            out = client.post("/logout", data={"csrf": csrf.group(1)})
+            assert out.status_code == 303
+            assert list(stream) == []  # the server ended the stream
+        assert client.get("/live/events").status_code == 401
