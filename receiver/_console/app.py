@@ -9,7 +9,6 @@ refused in read-only mode, and answered with a redirect to the page that shows i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -123,8 +122,7 @@ class Console:
         if not 0 < bulk_rate <= 1000:
             raise ReceiverError("bulk_rate is between 0 and 1000 deliveries a second")
         self.bulk_rate = float(bulk_rate)
-        self._runner: bulk.Runner | None = None
-        self._runner_task: asyncio.Task[None] | None = None
+        self.runs = bulk.Host(self.store, None if receiver is None else receiver.replay)
         metrics = receiver.metrics if receiver is not None else None
         if registry is None and metrics is not None:
             registry = metrics.registry
@@ -175,27 +173,15 @@ class Console:
         """Served alone: open the store for the console's life, refusing an older schema."""
         async with self.store:
             await self._check_schema()
-            self.start_runner()
+            self.runs.start()
             try:
                 yield
             finally:
-                if self._runner_task is not None:
-                    self._runner_task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await self._runner_task
-                    self._runner_task = None
+                await self.runs.stop()
 
     def start_runner(self) -> bool:
-        """Run bulk replays in this process (a console with handlers only): it takes the jobs
-        nobody runs, and is woken for the one just confirmed. False without handlers."""
-        if self.receiver is None:
-            return False
-        if self._runner is None:
-            self._runner = bulk.Runner(self.store, self.receiver.replay)
-        if self._runner_task is None or self._runner_task.done():
-            self._runner_task = asyncio.get_running_loop().create_task(self._runner.serve())
-        self._runner.wake.set()
-        return True
+        """Run bulk replays in this process; False without handlers (bulk.Host)."""
+        return self.runs.start()
 
     async def _check_schema(self) -> None:
         async with self._check_lock:

@@ -381,3 +381,28 @@ class Runner:
             return "refused"
         outcome = str(reply.outcome)
         return outcome
+
+
+class Host:
+    """A console's bulk replay runner, run in its process (a console with handlers only): it
+    takes the jobs nobody runs, and is woken for the one just confirmed."""
+
+    def __init__(self, store: Store, replayer: actions.Replayer | None) -> None:
+        self.runner = None if replayer is None else Runner(store, replayer)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> bool:
+        """Start (or wake) the runner; False without handlers."""
+        if self.runner is None:
+            return False
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self.runner.serve())
+        self.runner.wake.set()
+        return True
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

@@ -288,3 +288,56 @@ def test_the_cli_twin(tmp_path: Path) -> None:
     (row,) = audit
     assert (row["action"], row["outcome"], row["detail"]) == ("bulk replay", "done", "12 executed")
     assert "inventory is back" in row["reason"]
+
+
+def test_a_job_confirmed_without_handlers_waits_for_them(tmp_path: Path) -> None:
+    """A console over the store alone counts and confirms; the job waits in the ledger until
+    something with handlers takes it: here ``receiver replay --job``."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    rx = bulkapp.make(url)
+
+    async def confirm() -> tuple[str, dict[str, Any]]:
+        async with rx:
+            await bulkapp.prepare(rx.store)
+            await bulkapp.fail_many(rx, "shop", [f"s{n}" for n in range(5)])
+            async with client_of(Console(rx.store)) as client:
+                dry = await client.get("/bulk", params={"count": "1"})
+                request = re.search(r'name="request" value="([^"]+)"', dry.text)
+                assert request is not None
+                done = await client.post(
+                    "/bulk",
+                    data={
+                        "csrf": csrf_of(dry.text),
+                        "request": request.group(1),
+                        "count": "5",
+                        "reason": "after the outage",
+                        "operator": "Ada",
+                    },
+                )
+                notice = await notice_after(client, done)
+            async with rx.store.acquire() as conn:
+                job = await conn.run("bulk_job_get", 1, None)
+            assert job is not None
+            return notice, dict(job)
+
+    notice, job = asyncio.run(confirm())
+    assert "no handlers" in notice
+    assert (job["state"], job["done"], job["total"]) == ("running", 0, 5)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIVER_")}
+    ran = subprocess.run(
+        [RECEIVER, "replay", "--app", "tests.console.bulkapp:rx", "--job", "1"],
+        env={**env, "RECEIVER_BULK_STORE": url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "bulk replay 1 done: 5 executed" in ran.stdout
+
+    async def check() -> dict[str, int]:
+        async with rx:
+            return await bulkapp.runs(rx.store)
+
+    assert asyncio.run(check()) == {f"s{n}": 1 for n in range(5)}
