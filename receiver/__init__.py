@@ -30,6 +30,8 @@ from ._ledger.receipts import Receipt, State, StoredResponse
 from ._ledger.results import RUN_AGAIN
 from ._logging import JSONFormatter
 from ._ops.metrics import Metrics
+from ._proxy.app import IdempotencyProxy
+from ._proxy.attempt import ProxyAttempt
 from ._queue.backoff import Backoff
 from ._store.base import Connection, Store
 from ._store.postgres import PostgresStore
@@ -89,6 +91,7 @@ __all__ = [
     "GitHub",
     "Handler",
     "IdempotencyKeyMiddleware",
+    "IdempotencyProxy",
     "IdempotentRequest",
     "InvalidIdempotencyKey",
     "JSONFormatter",
@@ -102,6 +105,7 @@ __all__ = [
     "PostgresStore",
     "Provider",
     "ProviderConfig",
+    "ProxyAttempt",
     "Receipt",
     "Receiver",
     "ReceiverError",

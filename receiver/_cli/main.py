@@ -21,6 +21,7 @@ from .bulk import add_bulk_arguments
 from .console import add_console_parser, console_command
 from .loading import DEFAULT_APP
 from .processes import serve, sweep_command, worker_command
+from .proxy import add_proxy_parser, proxy_command
 from .receipts import failed_command, inspect_command, replay_command
 from .setup import migrate, send, ttl_command
 
@@ -179,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(ttl, "config", "explain the providers of this config file (needs no secrets)")
 
     add_console_parser(sub, _add)
+    add_proxy_parser(sub, _add)
 
     send = sub.add_parser("send", help="sign a delivery and POST it, to try the receiver")
     _add(send, "url", "the provider's endpoint", "http://127.0.0.1:8000/demo")
@@ -209,6 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "ttl": ttl_command,
             "worker": worker_command,
             "console": console_command,
+            "proxy": proxy_command,
         }[args.command]
         return command(args)
     except ReceiverError as exc:

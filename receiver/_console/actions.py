@@ -43,6 +43,10 @@ RESOLVED = b'{"status":"resolved"}'
 FAILED_WEBHOOK = b'{"status":"failed","detail":"reviewed by an operator and stored as failed"}'
 #: An action stored as failed: the executor raises ActionFailed with this detail on a retry.
 FAILED_ACTION = b'{"error":"action_failed","detail":"reviewed by an operator and stored as failed"}'
+#: A proxied request stored as failed: every retry of its key is answered this 422.
+FAILED_REQUEST = (
+    b'{"error":"request_failed","detail":"reviewed by an operator and stored as failed"}'
+)
 
 
 class ActionRefused(ReceiverError):
@@ -278,6 +282,8 @@ async def settle(
         outcome = "resolved"
     elif is_action:
         state, stored, outcome = State.FAILED, StoredResponse(422, JSON, FAILED_ACTION), "failed"
+    elif keyed.namespace(key.provider) == "proxy":
+        state, stored, outcome = State.FAILED, StoredResponse(422, JSON, FAILED_REQUEST), "failed"
     else:
         state, stored, outcome = State.FAILED, StoredResponse(202, JSON, FAILED_WEBHOOK), "failed"
     action = "resolve" if decision == "resolve" else "fail"

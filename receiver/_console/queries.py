@@ -168,8 +168,10 @@ class Page:
 
 
 def kind_of(provider: str) -> str:
-    """``webhook``, ``action`` or ``idem``."""
-    return keyed.namespace(provider) or "webhook"
+    """``webhook``, ``action`` or ``idem`` (the idempotency proxy's keys too: the same
+    principal and key, in front of an upstream)."""
+    kind = keyed.namespace(provider) or "webhook"
+    return "idem" if kind == "proxy" else kind
 
 
 async def providers(conn: Connection) -> list[str]:

@@ -25,7 +25,7 @@ PACKAGE = Path(receiver.__file__).parent
 
 ROOTS = {"_exceptions", "_logging"}  # imported by every layer
 SHARED = {"_store", "_ledger", "_verification", "_ops", "_queue"}
-ENTRY_POINTS = {"_webhooks", "_actions", "_idempotency"}
+ENTRY_POINTS = {"_webhooks", "_actions", "_idempotency", "_proxy"}
 #: What each part of the package may import, besides itself and ROOTS.
 ALLOWED: dict[str, set[str]] = {
     "_exceptions": set(),
@@ -38,6 +38,9 @@ ALLOWED: dict[str, set[str]] = {
     "_webhooks": SHARED | {"_console"},
     "_actions": SHARED,
     "_idempotency": SHARED,
+    # The proxy is the middleware's semantics in front of an upstream: it reuses its key
+    # parsing, fingerprint and answers.
+    "_proxy": SHARED | {"_idempotency"},
     "_config": SHARED | {"_webhooks"},
     "_console": SHARED,
     "_cli": SHARED | ENTRY_POINTS | {"_config", "_console"},

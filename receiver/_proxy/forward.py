@@ -1,0 +1,217 @@
+"""Talking to the upstream: which headers cross the proxy, the keyed request (buffered, so that
+its answer can be stored), and the pass-through request (streamed both ways).
+
+What matters for exactly once is *when* a failure happened. :class:`NotSent` means the upstream
+cannot have seen the request (no connection, no TLS session, a pool timeout): the claim may be
+given back. :class:`Unknown` means it may have (a timeout or a broken connection after the first
+byte went out): the attempt is kept for reconcile, never forwarded again blindly.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+import httpx
+from starlette.types import Message, Receive, Scope, Send
+
+from .._exceptions import ConfigurationError, ReceiverError
+
+# RFC 9110 section 7.6.1: connection-specific fields, never forwarded; plus the ones the proxy
+# sets itself (host, content-length) and a client's Expect (the proxy has the whole body).
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+_REQUEST_DROPPED = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
+_RESPONSE_DROPPED = HOP_BY_HOP | {b"content-length"}
+
+
+class NotSent(ReceiverError):
+    """The request never reached the upstream (``kind``: connect, connect_timeout, pool)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        super().__init__(f"the upstream was not reached ({kind})")
+
+
+class Unknown(ReceiverError):
+    """The request may have reached the upstream, and no answer came back (``kind``: timeout,
+    read, write, protocol)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        super().__init__(f"the upstream's answer was lost ({kind}); it may have acted")
+
+
+class AnswerTooLarge(ReceiverError):
+    """The upstream answered with more than the proxy stores: it acted, its answer is lost."""
+
+
+def client_for(
+    upstream: str, *, timeout: float, connect_timeout: float, verify: bool | str | ssl.SSLContext
+) -> httpx.AsyncClient:
+    """The proxy's client: no redirects followed (a 3xx is the upstream's answer), no proxies
+    from the environment, TLS checked against the system's CAs, a CA file, or a context."""
+    if isinstance(verify, str):
+        try:
+            verify = ssl.create_default_context(cafile=verify)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigurationError(f"cannot read the upstream CA file {verify!r}: {exc}") from exc
+    return httpx.AsyncClient(
+        base_url=upstream,
+        timeout=httpx.Timeout(timeout, connect=connect_timeout),
+        verify=verify,
+        follow_redirects=False,
+        trust_env=False,
+        limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
+    )
+
+
+def request_headers(
+    scope: Scope, extra: Sequence[tuple[bytes, bytes]]
+) -> list[tuple[bytes, bytes]]:
+    """The client's headers as the upstream gets them: hop-by-hop ones (and those the client's
+    Connection header names) dropped, the client's Idempotency-Key replaced by ``extra``, and
+    X-Forwarded-For/-Proto/-Host added."""
+    raw: list[tuple[bytes, bytes]] = scope["headers"]
+    named = {
+        token.strip().lower()
+        for name, value in raw
+        if name.lower() == b"connection"
+        for token in value.split(b",")
+    }
+    dropped = _REQUEST_DROPPED | named | {b"idempotency-key"} | {n.lower() for n, _ in extra}
+    out = [(n, v) for n, v in raw if n.lower() not in dropped]
+    host = next((v for n, v in raw if n.lower() == b"host"), b"")
+    client = scope.get("client")
+    if client:
+        forwarded = [v for n, v in raw if n.lower() == b"x-forwarded-for"]
+        chain = b", ".join([*forwarded, str(client[0]).encode()])
+        out = [(n, v) for n, v in out if n.lower() != b"x-forwarded-for"]
+        out.append((b"x-forwarded-for", chain))
+    if not any(n.lower() == b"x-forwarded-proto" for n, _ in out):
+        out.append((b"x-forwarded-proto", str(scope.get("scheme", "http")).encode()))
+    if host and not any(n.lower() == b"x-forwarded-host" for n, _ in out):
+        out.append((b"x-forwarded-host", host))
+    out.extend(extra)
+    return out
+
+
+def response_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
+    raw = response.headers.raw
+    named = {
+        token.strip().lower()
+        for name, value in raw
+        if name.lower() == b"connection"
+        for token in value.split(b",")
+    }
+    return [(n.lower(), v) for n, v in raw if n.lower() not in _RESPONSE_DROPPED | named]
+
+
+def target(scope: Scope) -> str:
+    """The request's path and query, as the client wrote them, relative to the upstream URL."""
+    raw_path = scope.get("raw_path") or scope["path"].encode()
+    path = bytes(raw_path).decode("latin-1").lstrip("/")
+    query = bytes(scope.get("query_string", b"")).decode("latin-1")
+    return f"{path}?{query}" if query else path
+
+
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """A keyed request's round trip: the upstream's status, headers and whole body."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+
+async def exchange(
+    client: httpx.AsyncClient,
+    scope: Scope,
+    body: bytes,
+    extra: Sequence[tuple[bytes, bytes]],
+    max_size: int,
+) -> Exchange:
+    """Send a keyed request (its body already read) and read the whole answer, raw (a
+    compressed answer stays compressed: it is stored and replayed as the upstream sent it)."""
+    request = client.build_request(
+        scope["method"], target(scope), headers=request_headers(scope, extra), content=body
+    )
+    try:
+        response = await client.send(request, stream=True)
+    except (httpx.ConnectError, httpx.UnsupportedProtocol) as exc:
+        raise NotSent("connect") from exc
+    except httpx.ConnectTimeout as exc:
+        raise NotSent("connect_timeout") from exc
+    except httpx.PoolTimeout as exc:
+        raise NotSent("pool") from exc
+    except httpx.TimeoutException as exc:
+        raise Unknown("timeout") from exc
+    except httpx.WriteError as exc:
+        raise Unknown("write") from exc
+    except httpx.TransportError as exc:
+        raise Unknown("read") from exc
+    try:
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.aiter_raw():
+            size += len(chunk)
+            if size > max_size:
+                raise AnswerTooLarge(f"the upstream's answer exceeds {max_size} bytes")
+            chunks.append(chunk)
+    except httpx.TimeoutException as exc:
+        raise Unknown("timeout") from exc
+    except httpx.TransportError as exc:
+        raise Unknown("read") from exc
+    finally:
+        await response.aclose()
+    return Exchange(response.status_code, response_headers(response), b"".join(chunks))
+
+
+async def stream(client: httpx.AsyncClient, scope: Scope, receive: Receive, send: Send) -> None:
+    """A request that needs no key, streamed both ways without buffering either body."""
+
+    async def body() -> AsyncIterator[bytes]:
+        while True:
+            message: Message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            if chunk:
+                yield chunk
+            if not message.get("more_body", False):
+                return
+
+    request = client.build_request(
+        scope["method"], target(scope), headers=request_headers(scope, ()), content=body()
+    )
+    try:
+        response = await client.send(request, stream=True)
+    except httpx.TimeoutException as exc:
+        raise Unknown("timeout") from exc
+    except httpx.TransportError as exc:
+        raise NotSent("connect") from exc
+    try:
+        headers = response_headers(response)
+        length = response.headers.get("content-length")
+        if length is not None:
+            headers.append((b"content-length", length.encode()))
+        await send(
+            {"type": "http.response.start", "status": response.status_code, "headers": headers}
+        )
+        async for chunk in response.aiter_raw():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    finally:
+        await response.aclose()
