@@ -59,7 +59,7 @@ async def measure(
             began = time.perf_counter()
             done = await side_by_side(experiment, runtime, runs)
             samples = await experiment.latency(runtime, latency) if latency else None
-            for row in summary(done, samples):
+            for row in summary(name, done, samples):
                 row["step"] = "agent run" if name == "pydantic-ai" else "step"
                 rows.append(row)
             print(f"{name}: done in {time.perf_counter() - began:.0f} s", file=sys.stderr)

@@ -163,12 +163,14 @@ async def side_by_side(experiment: Experiment, runtime: Runtime, runs: int) -> l
     return done
 
 
-def summary(runs: Sequence[Run], latency: dict[str, list[float]] | None) -> list[dict[str, Any]]:
+def summary(
+    runtime: str, runs: Sequence[Run], latency: dict[str, list[float]] | None
+) -> list[dict[str, Any]]:
     rows = []
     for side in SIDES:
         mine = [r for r in runs if r.side == side]
         row: dict[str, Any] = {
-            "runtime": mine[0].runtime if mine else "",
+            "runtime": runtime,
             "side": side,
             "runs": len(mine),
             "runs_with_duplicate": sum(r.duplicates > 0 for r in mine),
