@@ -50,6 +50,12 @@ def load_app(spec: str) -> Any:
         # module that it imports and that is missing is its own bug, with its traceback.
         if exc.name is None or not (module_name + ".").startswith(exc.name + "."):
             raise
+        if spec == DEFAULT_APP:
+            raise ReceiverError(
+                "no app to run: give --app module:attribute (your Receiver, e.g. myapp:rx) or "
+                f"--config FILE. Without them it runs the demo app, {DEFAULT_APP}, which is in "
+                "the repository, not in the package: scripts/serve runs it from a clone"
+            ) from None
         raise ReceiverError(
             f"--app {spec}: no module named {exc.name!r} (from {os.getcwd()} and the "
             "installed packages); check the name, or run from the directory that holds it"
@@ -150,7 +156,9 @@ def existing_store(url: str) -> Store:
     return store
 
 
-#: What ``--app`` runs unless told otherwise: the example handlers of handlers/.
+#: What ``--app`` runs unless told otherwise: the demo app of the repository's handlers/, found
+#: from the working directory or PYTHONPATH (it is not part of the package); without it, a
+#: command given neither --app nor --config says what to give.
 DEFAULT_APP = "handlers:app"
 
 T = TypeVar("T")

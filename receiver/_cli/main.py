@@ -37,8 +37,9 @@ def _add(
 ) -> None:
     env = f"RECEIVER_{name.upper().replace('-', '_')}"
     value = os.environ.get(env, default)
+    shown = f"{default}, the demo app of a clone" if default == DEFAULT_APP else default
     parser.add_argument(
-        f"--{name}", default=value, help=f"{help} [env {env}; default {default}]", **kw
+        f"--{name}", default=value, help=f"{help} [env {env}; default {shown}]", **kw
     )
 
 
