@@ -1,4 +1,4 @@
-"""Loads the docs build's CLI hook (docs/_hooks/cli.py) so that tests can use it."""
+"""Loads the docs build's hook (docs/_hooks/reference.py) so that tests can use it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from tests.servers import ROOT
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_docs_cli_hook", ROOT / "docs/_hooks/cli.py")
+    spec = importlib.util.spec_from_file_location(
+        "_docs_reference_hook", ROOT / "docs/_hooks/reference.py"
+    )
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -1,17 +1,23 @@
-"""MkDocs hook: the CLI reference is written from the ``receiver`` command's own argparse
-parser when the site is built, so the page cannot drift from the command.
+"""MkDocs hook: the reference pages are written from the code when the site is built, so that
+they cannot drift from it.
 
-A page that holds the line ``<!-- receiver-cli -->`` gets, in its place, one section per
-command: its help, its usage and a table of its options (with their environment variables and
-defaults, as ``--help`` prints them)."""
+- ``<!-- receiver-cli -->`` becomes one section per command of the ``receiver`` command, from
+  its own argparse parser: its help, its usage and a table of its options (with their
+  environment variables and defaults, as ``--help`` prints them).
+- ``<!-- api: MODULE -->`` becomes one mkdocstrings entry (``::: MODULE.NAME``) per name of
+  that module's ``__all__``, in order, so that a name added to the public API is documented
+  from its docstring without editing the page."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
+import re
 from typing import Any
 
 MARKER = "<!-- receiver-cli -->"
+API = re.compile(r"^<!-- api: ([\w.]+) -->$", re.M)
 
 
 def _cell(text: str) -> str:
@@ -70,7 +76,14 @@ def render(parser: argparse.ArgumentParser) -> str:
             os.environ["COLUMNS"] = width
 
 
+def api(module: str) -> str:
+    """A mkdocstrings entry per name of ``module.__all__``."""
+    names: list[str] = list(importlib.import_module(module).__all__)
+    return "\n\n".join(f"::: {module}.{name}" for name in names)
+
+
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:
+    markdown = API.sub(lambda m: api(m[1]), markdown)
     if MARKER not in markdown:
         return markdown
     from receiver._cli.main import build_parser
