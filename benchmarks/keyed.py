@@ -14,7 +14,7 @@ the shared batched statements (receiver/_ledger/shared.py) was measured with thi
 0.41-0.58x of the one-statement path and not kept. The middleware does go through them (where
 the store batches): in-process with 32 callers the batched path measured 0.58x, but over HTTP
 at 64 connections (``python -m benchmarks.keyed_http``), where the database's CPU per request
-is what limits both sides, 1.1-1.6x the hand-written middleware (README, Performance).
+is what limits both sides, 1.1-1.6x the hand-written middleware (docs/performance/index.md).
 
 Requests (or actions) per second; ratios side by side. Figures only, no assertion.
 """

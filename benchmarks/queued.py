@@ -1,4 +1,4 @@
-"""Queued mode (README "Queued mode"): how fast deliveries are acknowledged, and how fast
+"""Queued mode (docs/how-to/queued.md): how fast deliveries are acknowledged, and how fast
 workers drain them. ``python -m benchmarks.queued`` alone, or part of ``python -m benchmarks``
 (``--queued ROUNDS``; 0 skips it). PostgreSQL only (the workers' store).
 

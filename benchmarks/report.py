@@ -98,7 +98,7 @@ def per_statement(scenarios: list[dict[str, Any]]) -> str:
 
 
 def markdown(scenarios: list[dict[str, Any]]) -> str:
-    """The same table in Markdown, for the README."""
+    """The same table in Markdown, for benchmarks/README.md and the docs."""
     header = [c[0] for c in COLUMNS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_row(s)) + " |" for s in scenarios]

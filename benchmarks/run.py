@@ -811,7 +811,8 @@ def _meta(bench: Bench, stores: Sequence[str]) -> dict[str, Any]:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
-        description="Benchmark the receiver against a bare Starlette endpoint (see README.md).",
+        description="Benchmark the receiver against a bare Starlette endpoint "
+        "(see benchmarks/README.md).",
     )
     parser.add_argument("--quick", action="store_true", help="short rounds: under 2 minutes")
     parser.add_argument("--duration", type=int, help="seconds per measured round")

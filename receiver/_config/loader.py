@@ -84,7 +84,7 @@ _PROVIDER_KEYS = (
     "review_margin",
     "ttl",
     "lease",
-    # Queued mode (README "Queued mode"): "inline" or "queued", and the workers' retries.
+    # Queued mode (docs/how-to/queued.md): "inline" or "queued", and the workers' retries.
     "mode",
     "retry_attempts",
     "retry_base",

@@ -11,7 +11,7 @@ Keys live in ``receiver_receipts`` under the provider ``idem:<namespace>``, scop
 caller's ``principal`` function (the authenticated client or tenant), so two clients never see
 each other's answers. An endpoint joins the ledger's transaction by writing through
 ``idempotent_request(request).tx``: those writes commit together with the stored answer, or not
-at all. Other effects are external: see README "Idempotency-Key middleware" for what a crash
+at all. Other effects are external: see docs/how-to/idempotency-key.md for what a crash
 means then.
 """
 

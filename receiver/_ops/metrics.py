@@ -1,5 +1,5 @@
 """Prometheus metrics of one Receiver: what happened to each delivery, and the evidence of a
-double execution or a drifting key the day it starts (README.md, "Metrics").
+double execution or a drifting key the day it starts (docs/reference/metrics.md).
 
 Each Receiver owns a :class:`Metrics` with its own ``CollectorRegistry`` (unless given one), so
 several receivers in one process, or one per test, never collide. Every series is labelled by

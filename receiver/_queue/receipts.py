@@ -1,4 +1,4 @@
-"""The ledger's statements for queued receipts (README "Queued mode").
+"""The ledger's statements for queued receipts (docs/how-to/queued.md).
 
 A queued delivery is recorded at ingest in state ``queued``, due now, with its raw body and the
 sender's answer (``202 {"status":"queued"}``) already stored: that answer is what every

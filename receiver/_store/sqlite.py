@@ -84,7 +84,7 @@ class SQLiteConnection(Connection):
     # a transaction of this connection's own) they run on the event loop's thread: holding the
     # write lock they never wait for another writer, and SQLite answers them in microseconds,
     # far less than a hand-off to aiosqlite's thread and back costs under load (benchmarks/
-    # README.md, "The Python side"). Whatever may wait stays on aiosqlite's thread: BEGIN
+    # benchmarks/README.md, "The Python side"). Whatever may wait stays on aiosqlite's thread: BEGIN
     # IMMEDIATE (another process's write lock, up to busy_timeout), COMMIT (the fsync),
     # statements outside a transaction, and the handlers' own SQL, which may be slow.
 

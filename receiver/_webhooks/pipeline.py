@@ -1,6 +1,6 @@
 """One delivery, step by step: verify, parse, claim, decide, run, answer.
 
-This module is the whole behaviour of README.md "What the sender gets". The order is the
+This module is the whole behaviour of docs/reference/http.md. The order is the
 guarantee: nothing touches the store before verification passes (I5), and no handler runs
 without a claim of its key (I1). Every delivery ends in one :class:`~.outcomes.Reply`: the
 response and the :class:`~.outcomes.Outcome` that metrics and logs report.

@@ -1,4 +1,4 @@
-"""Workers: run queued deliveries (README "Queued mode").
+"""Workers: run queued deliveries (docs/how-to/queued.md).
 
 A :class:`Worker` takes due receipts in flight (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, with
 the next fence and a lease: :func:`receiver._queue.receipts.fetch`) and runs each through the

@@ -198,7 +198,7 @@ ORDER BY lease_until
 LIMIT $2;
 
 -- name: delete_expired
--- What expiry means per state (README, "Expiry"): a completed receipt goes when its window ends
+-- What expiry means per state (docs/explanation/ledger.md, "Expiry, by state"): a completed receipt goes when its window ends
 -- ($1); a dead letter (failed, or released after a failed attempt) stays for the retention
 -- after its window ($2), as the evidence an operator needs; an
 -- in-flight receipt is never deleted (its work is unfinished: the sweeper recovers it first).
