@@ -49,7 +49,7 @@ def prefect_server(home: Path, timeout: float = 120.0) -> Iterator[dict[str, str
     env = {**os.environ, **environment(home)}
     env.pop("PREFECT_API_URL", None)
     command = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1"]
-    command += ["--port", str(port), "--no-ui", "--no-scheduler", "--no-late-runs"]
+    command += ["--port", str(port), "--no-ui", "--no-services"]
     with (home / "server.log").open("wb") as log:
         server = subprocess.Popen(command, env=env, stdout=log, stderr=log)
     try:

@@ -30,7 +30,8 @@ of the tool. So a task whose result Prefect cached is skipped by Prefect, one cu
 effect is reconciled by the executor (never called again), one that never started runs, and a
 task retry (``retries=``) asks for the same action.
 
-A task needs a cache key for this: one with ``cache_policy=NO_CACHE`` is refused. Keep values
+A task needs a cache key for this: one with ``cache_policy=NO_CACHE`` or
+``persist_result=False`` (which turns Prefect's cache off) is refused. Keep values
 that change on every run (timestamps, random ids) out of the task's inputs or its cache policy,
 as Prefect's own cache requires.
 """
@@ -95,7 +96,8 @@ class PrefectActions:
         attempt of the task numbers its calls from one, so a retried task, or the task run
         again by a retried flow run, asks for the same actions in the same order. ``options``
         are Prefect's (``persist_result``, ``retries``, ``retry_delay_seconds``,
-        ``cache_policy``, ``name``...); ``cache_policy=NO_CACHE`` leaves the task no key."""
+        ``cache_policy``, ``name``...); ``cache_policy=NO_CACHE`` and ``persist_result=False``
+        leave the task no key."""
 
         def decorate(func: F) -> Any:
             if not inspect.iscoroutinefunction(func):
@@ -149,9 +151,10 @@ class PrefectActions:
         cache_key = transaction.key if transaction is not None else None
         if not cache_key:
             raise ConfigurationError(
-                f"task {context.task.name!r} has no cache key (cache_policy=NO_CACHE?): "
-                "PrefectActions keys its actions by the task's cache key; give it a cache "
-                "policy (the default, INPUTS + TASK_SOURCE + RUN_ID, is right for most tasks)"
+                f"task {context.task.name!r} has no cache key (cache_policy=NO_CACHE, or "
+                "persist_result=False, which turns Prefect's cache off): PrefectActions keys "
+                "its actions by the task's cache key; keep a cache policy (the default, "
+                "INPUTS + TASK_SOURCE + RUN_ID, is right for most tasks)"
             )
         scope = _quote(str(flow_run.flow_run.id))
         if self.tenant is not None:
