@@ -27,7 +27,14 @@ from typing import Any
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .. import ConfigurationError, IdempotencyKeyMiddleware, State, idempotent_request
+from .. import (
+    ConfigurationError,
+    IdempotencyKeyMiddleware,
+    IdempotencyProxy,
+    State,
+    idempotent_request,
+)
+from .._proxy.attempt import proxied_request
 from ._faults import ArmedFaults, Fault, InjectedFailure, SimulatedCrash
 
 _PROBLEM = "urn:receiver:idempotency:"
@@ -40,6 +47,7 @@ _REFUSALS = {
     "missing-key": "refused",
     "too-large": "refused",
     "store-unavailable": "failed",
+    "upstream": "failed",  # the proxy's 502/504: nothing stored, the client retries
 }
 # Keys unique in the process: two clients (two principals) never share one by accident.
 _KEYS = itertools.count(1)
@@ -149,9 +157,15 @@ def _reversed(value: Any) -> Any:
     return value
 
 
-def find_middleware(app: ASGIApp) -> IdempotencyKeyMiddleware:
-    """The IdempotencyKeyMiddleware in ``app``'s stack: through Starlette's and FastAPI's
-    built middleware stack, any middleware's ``.app`` and mounted apps."""
+#: What serves keyed requests: the middleware in front of the user's endpoints, or the proxy in
+#: front of an upstream (its forwarding step stands for the endpoints).
+Keyed = IdempotencyKeyMiddleware | IdempotencyProxy
+
+
+def find_middleware(app: ASGIApp) -> Keyed:
+    """The IdempotencyKeyMiddleware (or the IdempotencyProxy) in ``app``'s stack: through
+    Starlette's and FastAPI's built middleware stack, any middleware's ``.app`` and mounted
+    apps."""
     queue: collections.deque[Any] = collections.deque([app])
     seen: set[int] = set()
     while queue and len(seen) < 200:
@@ -159,7 +173,7 @@ def find_middleware(app: ASGIApp) -> IdempotencyKeyMiddleware:
         if node is None or id(node) in seen:
             continue
         seen.add(id(node))
-        if isinstance(node, IdempotencyKeyMiddleware):
+        if isinstance(node, IdempotencyKeyMiddleware | IdempotencyProxy):
             return node
         if getattr(node, "middleware_stack", False) is None and callable(
             getattr(node, "build_middleware_stack", None)
@@ -183,7 +197,7 @@ class EndpointFaults(ArmedFaults):
     answers 500; the key is given back).
     """
 
-    def __init__(self, middleware: IdempotencyKeyMiddleware) -> None:
+    def __init__(self, middleware: Keyed) -> None:
         super().__init__()
         #: The principal of each key that reached the endpoints (to read its state).
         self.principals: dict[str, str] = {}
@@ -191,7 +205,7 @@ class EndpointFaults(ArmedFaults):
         endpoints = middleware.app
 
         async def with_faults(scope: Scope, receive: Receive, send: Send) -> None:
-            keyed = idempotent_request(scope)
+            keyed = idempotent_request(scope) or proxied_request(scope)
             if keyed is None:
                 await endpoints(scope, receive, send)
                 return
@@ -211,13 +225,13 @@ class EndpointFaults(ArmedFaults):
         middleware.app = with_faults
 
     @classmethod
-    def of(cls, middleware: IdempotencyKeyMiddleware) -> EndpointFaults:
+    def of(cls, middleware: Keyed) -> EndpointFaults:
         """The faults behind ``middleware``, installed on first use."""
         found = getattr(middleware, "_testing_faults", None)
         if isinstance(found, EndpointFaults):
             return found
         faults = cls(middleware)
-        middleware._testing_faults = faults  # type: ignore[attr-defined]
+        middleware._testing_faults = faults  # type: ignore[union-attr]
         return faults
 
     def started(self, key: str) -> asyncio.Event:
@@ -242,7 +256,7 @@ class Client:
         app: ASGIApp,
         *,
         headers: Mapping[str, str] | Sequence[tuple[str, str]] = (),
-        middleware: IdempotencyKeyMiddleware | None = None,
+        middleware: Keyed | None = None,
         lifespan: bool = True,
     ) -> None:
         self.app = app
@@ -258,7 +272,7 @@ class Client:
         self._ports = itertools.count(50_000)
 
     @property
-    def middleware(self) -> IdempotencyKeyMiddleware:
+    def middleware(self) -> Keyed:
         """The middleware that serves the requests (its ``lease``, ``sweep()``, ``inspect``)."""
         if self._middleware is None:
             self._middleware = find_middleware(self.app)

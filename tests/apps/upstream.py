@@ -4,7 +4,8 @@ every call it acts on, by the key the proxy forwards, and keeps each answer so t
 
 ``POST /payments`` acts (a payment id from a counter) and answers 201; ``?sleep=S`` takes S
 seconds first; ``?status=N`` answers N after acting (a 5xx that did act); ``?refuse=1`` answers
-503 without acting. ``GET /calls`` lists the calls, ``GET /stream`` streams a body in chunks.
+503 without acting. ``GET /calls`` lists the calls (``DELETE`` forgets them), ``GET /stream``
+streams a body in chunks.
 Run it with uvicorn; ``RECEIVER_TEST_KILL_PID`` and ``RECEIVER_TEST_KILL_KEY``: after acting
 on that key, SIGKILL that process (the proxy) before answering.
 """
@@ -52,6 +53,9 @@ async def done(request: Request) -> Response:
 
 
 async def calls(request: Request) -> Response:
+    if request.method == "DELETE":  # a fresh start for the next example of a property test
+        CALLS.clear()
+        DONE.clear()
     return Response(orjson.dumps(CALLS), media_type="application/json")
 
 
@@ -73,7 +77,7 @@ app = Starlette(
     routes=[
         Route("/payments", payments, methods=["POST", "PATCH"]),
         Route("/done/{key}", done),
-        Route("/calls", calls),
+        Route("/calls", calls, methods=["GET", "DELETE"]),
         Route("/stream", stream),
         Route("/echo", echo, methods=["GET", "POST"]),
     ]
