@@ -14,13 +14,14 @@ that the ledger owns.
   back to the workers, an inline delivery runs through the pipeline). A runner that dies leaves
   its lease to run out; the next console (or ``receiver replay --job``) takes the job over and
   goes on from the first item not done. Cancelling stops the job between two items.
-- **Exactly once**: an item is marked ``started`` before its replay and ``done`` with the
-  outcome after it. An item found ``started`` after a crash is judged from its receipt: still
-  at the snapshotted fence, it never ran (replay it); one fence on and completed, failed again
-  or queued, its replay happened (record what it did); one fence on and in flight with its
-  lease run out, the attempt died before committing (replay it: the handlers' work rolled back
-  with it); in flight with a live lease, wait. A pending item whose receipt moved on (a
-  sender's retry, another operator) is skipped as ``changed``.
+- **Exactly once**: an item is marked ``started`` before its replay (with its batch) and
+  ``done`` with the outcome after it (with the others done in the last half second). An item
+  found ``started`` after a crash is judged from its receipt: still at the snapshotted fence,
+  it never ran (replay it); one fence on and completed, failed again or queued, its replay
+  happened (record what it did); one fence on and in flight with its lease run out, the
+  attempt died before committing (replay it: the handlers' work rolled back with it); in
+  flight with a live lease, wait. A pending item whose receipt moved on (a sender's retry,
+  another operator) is skipped as ``changed``.
 - **Audit**: one row for the job (action ``bulk replay``), its outcome ``done`` or
   ``cancelled`` and the counts per outcome when it ends.
 """
@@ -55,6 +56,9 @@ MAX_ITEMS = 100_000
 LEASE = 5.0
 #: Seconds between two looks for a job nobody runs.
 POLL = 1.0
+#: Items read (and marked started) at once, and seconds between two writes of outcomes.
+BATCH = 50
+FLUSH = 0.5
 #: Deliveries per second, unless configured.
 DEFAULT_RATE = 20.0
 SAMPLE = 20
@@ -288,42 +292,82 @@ class Runner:
 
     async def run(self, job: int, progress: Any = None) -> str | None:
         """Run ``job`` while this runner holds it: its final state (``done``, ``cancelled``), or
-        None if another runner holds it (or took it over)."""
+        None if another runner holds it (or took it over).
+
+        Items go in batches: a batch is marked started in one statement, and the outcomes are
+        written together (with the job's progress) every ``FLUSH`` seconds, so that the runner
+        adds two writes per batch, not per delivery, to the replays themselves."""
         rate = await self._lease(job)
         if rate is None:
             return None
         interval = 1.0 / rate
-        renewed = next_at = time.monotonic()
-        while True:
-            async with self.store.acquire() as conn:
-                items = await conn.run_all("bulk_items_next", job, 50)
-            if not items:
-                return await self._finish(job)
-            waiting = 0
-            for item in items:
-                now = time.monotonic()
-                if now - renewed >= 1.0:
+        renewed = flushed = next_at = time.monotonic()
+        outcomes: list[tuple[int, str]] = []
+        try:
+            while True:
+                async with self.store.acquire() as conn:
+                    items = await conn.run_all("bulk_items_next", job, BATCH)
+                    if items:
+                        first, last = items[0]["seq"], items[-1]["seq"]
+                        await conn.run("bulk_items_started", job, first, last)
+                if not items:
+                    return await self._finish(job)
+                waiting = 0
+                for item in items:
+                    now = time.monotonic()
+                    if now - renewed >= 1.0:
+                        if await self._lease(job) is None:
+                            return await self._lost(job, outcomes)
+                        renewed = now
+                    if now - flushed >= FLUSH:
+                        await self._flush(job, outcomes)
+                        flushed = now
+                    await asyncio.sleep(max(0.0, next_at - now))
+                    next_at = max(next_at, now) + interval
+                    outcome = await self._item(job, item)
+                    if outcome is None:
+                        waiting += 1
+                        continue
+                    outcomes.append((int(item["seq"]), outcome))
+                    if progress is not None:
+                        progress(item, outcome)
+                await self._flush(job, outcomes)
+                if waiting == len(items):
+                    await asyncio.sleep(1.0)  # only attempts still running: look again later
                     if await self._lease(job) is None:
-                        return await self._state(job)
-                    renewed = now
-                await asyncio.sleep(max(0.0, next_at - now))
-                next_at = max(next_at, now) + interval
-                outcome = await self._item(job, item)
-                if outcome is None:
-                    waiting += 1
-                elif progress is not None:
-                    progress(item, outcome)
-            if waiting == len(items):
-                await asyncio.sleep(1.0)  # only attempts still running: look again later
-                if await self._lease(job) is None:
-                    return await self._state(job)
-                renewed = time.monotonic()
+                        return await self._lost(job, outcomes)
+                    renewed = time.monotonic()
+        finally:
+            # Cancelled or failing: what is known is kept (a crash loses it, and the next
+            # runner judges those items from their receipts instead).
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._flush(job, outcomes))
+
+    async def _flush(self, job: int, outcomes: list[tuple[int, str]]) -> None:
+        if not outcomes:
+            return
+        done = [(job, seq, outcome) for seq, outcome in outcomes]
+        outcomes.clear()
+        async with self.store.acquire() as conn, conn.transaction():
+            written = await conn.run_many("bulk_item_done", done)
+            if written:
+                await conn.run("bulk_job_progress", job, len(written))
 
     async def _lease(self, job: int) -> float | None:
         """Take or keep the job's lease; its rate, or None if it is not this runner's."""
         async with self.store.acquire() as conn:
             row = await conn.run("bulk_job_lease", job, self.owner, LEASE, self.store.now())
         return None if row is None else float(row["rate"])
+
+    async def _lost(self, job: int, outcomes: list[tuple[int, str]]) -> str | None:
+        """The lease is gone: cancelled (the audit's counts then include what this runner did
+        since its last write), or taken over."""
+        await self._flush(job, outcomes)
+        async with self.store.acquire() as conn:
+            row = await conn.run("bulk_job_get", job, self.store.now())
+        if row is not None and row["state"] == "cancelled":
+            await _close_audit(self.store, job, row["audit_id"], "cancelled")
+        return await self._state(job)
 
     async def _state(self, job: int) -> str | None:
         async with self.store.acquire() as conn:
@@ -350,7 +394,7 @@ class Runner:
         if receipt is None:
             outcome = "gone"
         elif receipt.fence == fence and receipt.state in (State.RELEASED, State.FAILED):
-            outcome = await self._replay(job, item, key, started)
+            outcome = await self._replay(key)
         elif not started:
             outcome = "changed"  # a sender's retry or another operator got there first
         elif receipt.fence == fence and receipt.state is State.QUEUED:
@@ -362,18 +406,12 @@ class Runner:
         elif receipt.state is State.IN_FLIGHT and receipt.lease_until > receipt.now:
             return None  # the interrupted attempt's lease still runs (or it is alive)
         elif receipt.state is State.IN_FLIGHT:
-            outcome = await self._replay(job, item, key, started)  # died before committing
+            outcome = await self._replay(key)  # died before committing
         else:
             outcome = "failed again"
-        async with self.store.acquire() as conn, conn.transaction():
-            if await conn.run("bulk_item_done", job, item["seq"], outcome) is not None:
-                await conn.run("bulk_job_progress", job)
         return outcome
 
-    async def _replay(self, job: int, item: Mapping[str, Any], key: Key, started: bool) -> str:
-        if not started:
-            async with self.store.acquire() as conn:
-                await conn.run("bulk_item_start", job, item["seq"])
+    async def _replay(self, key: Key) -> str:
         try:
             reply = await self.replayer(key.provider, key.webhook_id)
         except ReceiverError as exc:

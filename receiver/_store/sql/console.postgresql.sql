@@ -205,9 +205,11 @@ WHERE job = $1 AND state <> 'done'
 ORDER BY seq
 LIMIT $2;
 
--- name: bulk_item_start
+-- name: bulk_items_started
+-- A batch ($2 to $3) about to be replayed: marked, so that a runner taking the job over after
+-- a crash judges each of them from its receipt.
 UPDATE receiver_bulk_items SET state = 'started'
-WHERE job = $1 AND seq = $2 AND state = 'pending'
+WHERE job = $1 AND seq BETWEEN $2 AND $3 AND state = 'pending'
 RETURNING seq;
 
 -- name: bulk_item_done
@@ -216,7 +218,7 @@ WHERE job = $1 AND seq = $2 AND state <> 'done'
 RETURNING seq;
 
 -- name: bulk_job_progress
-UPDATE receiver_bulk_jobs SET done = done + 1 WHERE id = $1 RETURNING done;
+UPDATE receiver_bulk_jobs SET done = done + $2 WHERE id = $1 RETURNING done;
 
 -- name: bulk_outcomes
 -- A job's items by outcome (NULL: not done yet).
