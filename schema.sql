@@ -40,8 +40,12 @@ CREATE TABLE IF NOT EXISTS receiver_receipts (
     PRIMARY KEY (provider, webhook_id)
 );
 
-CREATE INDEX IF NOT EXISTS receiver_receipts_expires_at
-    ON receiver_receipts (expires_at);
+-- Expiry by state (0008): the sweeper reads completed receipts and dead letters apart.
+CREATE INDEX IF NOT EXISTS receiver_receipts_completed_expiry
+    ON receiver_receipts (expires_at) WHERE state = 'completed' AND expires_at < 'infinity';
+CREATE INDEX IF NOT EXISTS receiver_receipts_dead_letter_expiry
+    ON receiver_receipts (expires_at)
+    WHERE state IN ('failed', 'released') AND expires_at < 'infinity';
 
 CREATE INDEX IF NOT EXISTS receiver_receipts_in_flight
     ON receiver_receipts (lease_until) WHERE state = 'in_flight';
@@ -95,3 +99,56 @@ CREATE TABLE IF NOT EXISTS receiver_audit (
 CREATE INDEX IF NOT EXISTS receiver_audit_at ON receiver_audit (at);
 
 CREATE INDEX IF NOT EXISTS receiver_audit_key ON receiver_audit (provider, webhook_id);
+
+-- The console's server-side state (0007): signed-in sessions, bulk replays and their keys.
+CREATE TABLE IF NOT EXISTS receiver_console_sessions (
+    id          text        PRIMARY KEY,
+    operator    text        NOT NULL,
+    role        text        NOT NULL,
+    credential  text        NOT NULL,
+    created_at  timestamptz NOT NULL,
+    expires_at  timestamptz NOT NULL,
+    notice      text
+);
+
+CREATE INDEX IF NOT EXISTS receiver_console_sessions_expires
+    ON receiver_console_sessions (expires_at);
+
+CREATE TABLE IF NOT EXISTS receiver_bulk_jobs (
+    id          bigserial   PRIMARY KEY,
+    request     text        NOT NULL UNIQUE,
+    created_at  timestamptz NOT NULL,
+    actor       text        NOT NULL,
+    reason      text        NOT NULL,
+    filter      text        NOT NULL,
+    total       integer     NOT NULL,
+    done        integer     NOT NULL DEFAULT 0,
+    rate        float8      NOT NULL,
+    state       text        NOT NULL CHECK (state IN ('running', 'cancelled', 'done')),
+    owner       text,
+    lease_until timestamptz NOT NULL,
+    finished_at timestamptz,
+    audit_id    bigint
+);
+
+CREATE INDEX IF NOT EXISTS receiver_bulk_jobs_running
+    ON receiver_bulk_jobs (lease_until) WHERE state = 'running';
+
+CREATE TABLE IF NOT EXISTS receiver_bulk_items (
+    job         bigint  NOT NULL,
+    seq         integer NOT NULL,
+    provider    text    NOT NULL,
+    webhook_id  text    NOT NULL,
+    fence       bigint  NOT NULL,
+    state       text    NOT NULL CHECK (state IN ('pending', 'started', 'done')),
+    outcome     text,
+    PRIMARY KEY (job, seq)
+);
+
+CREATE INDEX IF NOT EXISTS receiver_bulk_items_todo
+    ON receiver_bulk_items (job, seq) WHERE state <> 'done';
+
+-- The live overview's backlog age (0007): the oldest queued or released delivery per provider.
+CREATE INDEX IF NOT EXISTS receiver_receipts_backlog
+    ON receiver_receipts (provider COLLATE "C", (COALESCE(due_at, claimed_at)))
+    WHERE state IN ('queued', 'released');

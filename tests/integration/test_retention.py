@@ -1,7 +1,8 @@
 """How long the sweeper keeps dead letters and the console's audit records, on both stores:
 the configured retentions (constructor arguments and configuration keys) and their defaults,
 applied by the same bounded pass that deletes expired receipts, batch by batch, oldest first;
-and on PostgreSQL, a batch of old audit records is read through its index, never the table."""
+and on PostgreSQL, a batch of old audit records, of completed receipts or of dead letters is
+read through an index of its own, never past the rows it keeps."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from receiver import Actions, ConfigurationError, Receiver, Store, load_config
 from receiver._ledger import receipts as ledger
-from receiver._ledger.receipts import Claim, Claimed, Key
+from receiver._ledger.receipts import Claim, Claimed, Key, StoredResponse
 from receiver._ops import sweeper
 from receiver._store.queries import queries
 from tests.support import Clock, ledger_clock
@@ -156,4 +157,56 @@ async def test_a_batch_of_old_audit_records_reads_the_index(pg_url: str) -> None
         assert "Seq Scan on receiver_audit" not in plan, plan
     finally:
         await conn.execute("DELETE FROM receiver_audit")
+        await conn.close()
+
+
+async def completed_at(store: Store, webhook_id: str, days_past_window: float) -> None:
+    key = Key("shop", webhook_id)
+    start = T0 - (days_past_window + 1) * DAY
+    async with store.acquire() as conn:
+        got = await ledger.claim(conn, Claim(key, b"h" * 32, "t", b"{}", start, 60, DAY))
+        assert isinstance(got, Claimed)
+        await ledger.complete(conn, key, got.fence, StoredResponse(200, None, b"{}"), start)
+
+
+async def test_a_batch_takes_completed_receipts_then_dead_letters_within_its_size(
+    store: Store,
+) -> None:
+    ledger_clock(store, Clock(T0))
+    for n in range(3):
+        await completed_at(store, f"c{n}", 1)
+    for n in range(5):
+        await dead_letter(store, f"d{n}", 10)
+    await dead_letter(store, "kept", 1)
+    async with store.acquire() as conn:
+        first = await conn.run_all("delete_expired", T0, 7 * DAY, 4)
+    assert sum(int(r["n"]) for r in first) == 4
+    assert not [i for i in await receipt_ids(store) if i.startswith("c")]  # completed go first
+    report = await sweeper.sweep(store, None, now=T0, delete_batch=2)
+    assert report.deleted == 4
+    assert await receipt_ids(store) == ["kept"]
+
+
+async def test_a_sweep_batch_reads_each_state_from_its_own_index(pg_url: str) -> None:
+    """Dead letters kept within their retention are never walked by a batch of completed
+    receipts (each state has its partial index), and no keyed statement can take those."""
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await conn.execute("TRUNCATE receiver_receipts, receiver_attempts")
+        await conn.execute(
+            "INSERT INTO receiver_receipts (provider, webhook_id, payload_hash, state, fence, "
+            "claimed_at, lease_until, expires_at, attempts) "
+            "SELECT 'shop', 'd' || i, sha256(i::text::bytea), 'failed', 1, now(), now(), "
+            "now() - interval '1 day', 3 FROM generate_series(1, 20000) AS i"
+        )
+        await conn.execute("ANALYZE receiver_receipts")
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        sql = queries("postgresql")["delete_expired"]
+        await conn.execute(f"PREPARE expired (float8, float8, int) AS {sql}")
+        rows = await conn.fetch(f"EXPLAIN EXECUTE expired ({T0}, {7 * DAY}, 5000)")
+        plan = "\n".join(r[0] for r in rows)
+        assert "Index Scan using receiver_receipts_completed_expiry" in plan, plan
+        assert "Index Scan using receiver_receipts_dead_letter_expiry" in plan, plan
+    finally:
+        await conn.execute("TRUNCATE receiver_receipts, receiver_attempts")
         await conn.close()

@@ -203,19 +203,29 @@ LIMIT $2;
 -- after its window ($2), as the evidence an operator needs; an
 -- in-flight receipt is never deleted (its work is unfinished: the sweeper recovers it first).
 -- $1 NULL: the database's clock. $2: the retention, seconds. One batch of at most $3 rows, with
--- its attempts. SKIP LOCKED: concurrent sweepers (several
+-- its attempts: completed receipts first, then dead letters for what is left of the batch, each
+-- from its own partial index (0008), so that a batch never walks past the dead letters still
+-- kept. SKIP LOCKED: concurrent sweepers (several
 -- replicas) take disjoint batches instead of waiting on each other's row locks, and never on a
 -- row a delivery is reclaiming. Keyed deletes and data-modifying CTEs, as distributed
 -- PostgreSQL-compatible databases support them (no ctid).
-WITH doomed AS (
+WITH completed AS (
     SELECT provider, webhook_id FROM receiver_receipts
-    WHERE expires_at <= COALESCE(to_timestamp($1::float8), statement_timestamp())
-      AND (state = 'completed'
-           OR (state IN ('failed', 'released')
-               AND expires_at <= COALESCE(to_timestamp($1::float8), statement_timestamp())
-                                 - $2::float8 * interval '1 second'))
+    WHERE state = 'completed' AND expires_at < 'infinity'
+      AND expires_at <= COALESCE(to_timestamp($1::float8), statement_timestamp())
     LIMIT $3
     FOR UPDATE SKIP LOCKED
+), dead AS (
+    SELECT provider, webhook_id FROM receiver_receipts
+    WHERE state IN ('failed', 'released') AND expires_at < 'infinity'
+      AND expires_at <= COALESCE(to_timestamp($1::float8), statement_timestamp())
+                        - $2::float8 * interval '1 second'
+    LIMIT GREATEST($3 - (SELECT count(*) FROM completed), 0)
+    FOR UPDATE SKIP LOCKED
+), doomed AS (
+    SELECT provider, webhook_id FROM completed
+    UNION ALL
+    SELECT provider, webhook_id FROM dead
 ), gone AS (
     DELETE FROM receiver_receipts r
     USING doomed d

@@ -152,13 +152,22 @@ LIMIT ?2;
 -- the retention, seconds). One batch of at most ?3 rows; one
 -- row (n = 1) per receipt deleted. Their attempts go with delete_orphan_attempts (SQLite has no
 -- data-modifying CTE); SQLite's single writer means no concurrent sweeper to skip.
+-- Completed receipts first, then dead letters, each from its own partial index (0008).
 DELETE FROM receiver_receipts
 WHERE (provider, webhook_id) IN (
-    SELECT provider, webhook_id FROM receiver_receipts
-    WHERE expires_at <= COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0)
-      AND (state = 'completed'
-           OR (state IN ('failed', 'released')
-               AND expires_at <= COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0) - ?2))
+    SELECT provider, webhook_id FROM (
+        SELECT provider, webhook_id FROM receiver_receipts
+        WHERE state = 'completed' AND expires_at < 9e999
+          AND expires_at <= COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0)
+        LIMIT ?3
+    )
+    UNION ALL
+    SELECT provider, webhook_id FROM (
+        SELECT provider, webhook_id FROM receiver_receipts
+        WHERE state IN ('failed', 'released') AND expires_at < 9e999
+          AND expires_at <= COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0) - ?2
+        LIMIT ?3
+    )
     LIMIT ?3
 )
 RETURNING 1 AS n;
