@@ -20,6 +20,7 @@ import platform
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=10, help="crash runs per side and runtime")
     parser.add_argument("--latency", type=int, default=50, help="timed steps per side (0: none)")
     parser.add_argument("--runtimes", default=",".join(RUNTIMES))
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes")
     args = parser.parse_args()
     names = [n for n in args.runtimes.split(",") if n]
     unknown = set(names) - set(RUNTIMES)
@@ -96,13 +98,15 @@ def main() -> int:
         parser.error(f"unknown runtimes {sorted(unknown)}; choose from {list(RUNTIMES)}")
     with tempfile.TemporaryDirectory(prefix="receiver-durable-") as tmp:
         work = Path(tmp)
-        with prefect_server(work / "prefect") as prefect_env:
+        # Prefect's API server takes a while to start (its migrations): only when it runs.
+        server = prefect_server(work / "prefect") if "prefect" in names else nullcontext({})
+        with server as prefect_env:
             rows = asyncio.run(
                 measure(args.pg_url, prefect_env, names, args.runs, args.latency, work)
             )
     print(table(rows))
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
         json.dumps(
             {
                 "rows": rows,
