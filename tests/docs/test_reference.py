@@ -68,3 +68,32 @@ def test_the_readme_is_a_short_front_page() -> None:
         "LICENSE",
     ):
         assert any(link.startswith(section) for link in local), section
+
+
+def test_every_metric_is_in_the_metrics_reference() -> None:
+    from prometheus_client import CollectorRegistry
+
+    page = (DOCS / "reference" / "metrics.md").read_text()
+    registry = CollectorRegistry()
+    receiver.ActionMetrics(registry)
+    families = [*receiver.Metrics().registry.collect(), *registry.collect()]
+    names = {f.name + ("_total" if f.type == "counter" else "") for f in families}
+    assert len(names) > 15
+    assert sorted(n for n in names if f"`{n}`" not in page) == []
+
+
+def test_every_alert_line_is_in_the_log_reference() -> None:
+    """Each ``ALERT:`` message the package logs is listed, up to its first variable part."""
+    import ast
+
+    page = (DOCS / "reference" / "metrics.md").read_text()
+    prefixes = set()
+    for path in (ROOT / "receiver").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            first = node.values[0] if isinstance(node, ast.JoinedStr) and node.values else node
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                text = first.value
+                if text.startswith("ALERT: "):
+                    prefixes.add(re.split(r"%|\{", text, maxsplit=1)[0].rstrip(" ("))
+    assert len(prefixes) > 10
+    assert sorted(p for p in prefixes if p not in page) == []
