@@ -23,6 +23,7 @@ import uvicorn
 from .._console import Console, sessions
 from .._exceptions import ReceiverError
 from .loading import DEFAULT_APP, config_receiver, existing_store, load_receiver, read
+from .receipts import default_actor
 
 TOKEN_ENV = "RECEIVER_CONSOLE_TOKEN"  # noqa: S105 (the variable's name, not a token)
 
@@ -162,7 +163,8 @@ def end_sessions(args: argparse.Namespace) -> int:
 
     async def run() -> int:
         async with store:
-            return await sessions.end_all(store)
+            actor = default_actor("receiver console --end-sessions")
+            return await sessions.end_all(store, actor, "the command line")
 
     ended = read(store, run)
     print(f"ended {ended} console session(s): every operator signs in again")

@@ -123,7 +123,7 @@ def _kind(provider: str, webhook_id: str) -> str:
 
 def replay_command(args: argparse.Namespace) -> int:
     if wants_bulk(args):
-        actor = " ".join(text_argument("--actor", args.actor or _default_actor()).split())[:100]
+        actor = " ".join(text_argument("--actor", args.actor or default_actor()).split())[:100]
         return bulk_command(args, actor, text_argument("--reason", args.reason))
     if args.all_failed == bool(args.target) or len(args.target) not in (0, 2):
         raise ReceiverError(
@@ -133,7 +133,7 @@ def replay_command(args: argparse.Namespace) -> int:
     for index, value in enumerate(args.target):
         text_argument("provider" if index == 0 else "webhook id", value)
     text_argument("--provider", args.provider)
-    actor = " ".join(text_argument("--actor", args.actor or _default_actor()).split())[:100]
+    actor = " ".join(text_argument("--actor", args.actor or default_actor()).split())[:100]
     reason = actions.reason_of(text_argument("--reason", args.reason))
     rx = config_receiver(args) if args.config else load_receiver(args.app)
 
@@ -178,13 +178,13 @@ def replay_command(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
-def _default_actor() -> str:
-    """Who replays from a command line: the OS user, as the audit records it."""
+def default_actor(command: str = "receiver replay") -> str:
+    """Who acts from a command line: the OS user, as the audit records it."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):  # no name for this uid (a bare container)
         user = f"uid {os.getuid()}"
-    return f"{user}@{socket.gethostname()} (receiver replay)"
+    return f"{user}@{socket.gethostname()} ({command})"
 
 
 class _Progress:

@@ -104,10 +104,25 @@ async def end(store: Store, cookie: str | None) -> None:
             await conn.run("console_session_end", _id(cookie))
 
 
-async def end_all(store: Store) -> int:
-    """End every console session (every operator signs in again); how many were live."""
-    async with store.acquire() as conn:
-        return len(await conn.run_all("console_session_end_all"))
+async def end_all(store: Store, actor: str, where: str) -> int:
+    """End every console session (every operator signs in again); how many there were. One
+    audit row says who did it, and from where."""
+    async with store.acquire() as conn, conn.transaction():
+        ended = len(await conn.run_all("console_session_end_all"))
+        row = await conn.run(
+            "console_audit_add",
+            store.now(),
+            actor,
+            "end sessions",
+            "*",
+            "sessions",
+            None,
+            f"every console session ended from {where}",
+            "done",
+        )
+        assert row is not None
+        await conn.run("console_audit_done", row["id"], "done", f"{ended} session(s) ended")
+    return ended
 
 
 async def listed(store: Store, limit: int = 200) -> list[tuple[str, str, float, float]]:
@@ -148,7 +163,7 @@ def end_all_route(store: Store, tokens: auth.TokenAuth | None) -> Handler:
     async def handler(request: Request, view: pages.View) -> Response:
         if tokens is None:
             raise ActionRefused("this console has no sign-in: its host application's")
-        await end_all(store)
+        await end_all(store, view.actor or "?", "the console's Sessions page")
         return RedirectResponse(view.root + "/login", 303)
 
     return handler

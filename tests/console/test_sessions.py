@@ -121,6 +121,12 @@ async def test_ending_all_sessions_signs_everyone_out(shop: Shop, console: Conso
         assert ended.status_code == 303
         assert (await ada.get("/receipts")).status_code == 401
         assert (await grace.get("/receipts")).status_code == 401
+    (row,) = await audit_rows(shop.rx.store)
+    assert (row["actor"], row["action"], row["detail"]) == (
+        "Ada",
+        "end sessions",
+        "2 session(s) ended",
+    )
 
 
 async def test_a_changed_token_ends_the_sessions_it_opened(shop: Shop, console: Console) -> None:
@@ -247,3 +253,11 @@ def test_the_cli_ends_every_session(tmp_path: Path) -> None:
     assert ended.returncode == 0, ended.stderr
     assert re.search(r"ended 1 console session", ended.stdout)
     assert asyncio.run(live()) == 0
+
+    async def audit() -> list[dict[str, object]]:
+        async with shop.rx.store:
+            return await audit_rows(shop.rx.store)
+
+    (row,) = asyncio.run(audit())
+    assert row["action"] == "end sessions"
+    assert str(row["actor"]).endswith("(receiver console --end-sessions)")
