@@ -299,9 +299,9 @@ class Receiver(Serving):
     def console(self, **options: Any) -> Console:
         """The operator console over this receiver's ledger, an ASGI app to mount inside the
         host application (``app.mount("/console", rx.console())``), behind the host's own
-        authentication (or pass ``token=``). It replays with this receiver's handlers. Options:
-        ``token``, ``read_only``, ``show_payloads``, ``actor``, ``redact_fields``
-        (receiver.Console)."""
+        authentication (or pass ``token=`` or ``operators=``). It replays with this receiver's
+        handlers. Options: ``token``, ``operators``, ``read_only``, ``show_payloads``, ``actor``,
+        ``redact_fields``, ``bulk_rate`` (receiver.Console)."""
         from .._console import Console
 
         return Console(self.store, receiver=self, **options)
