@@ -13,6 +13,7 @@ import sys
 import orjson
 
 from .._console import actions
+from .._console.redaction import error_line
 from .._exceptions import ReceiverError
 from .._ledger import keyed
 from .._ledger import receipts as ledger
@@ -63,7 +64,8 @@ def inspect_command(args: argparse.Namespace) -> int:
     print(f"payload hash {receipt.payload_hash.hex()}")
     print(f"attempts     {receipt.attempts} failed")
     for attempt in attempts:
-        print(f"  fence {attempt['fence']} at {when(attempt['failed_at'])}: {attempt['error']}")
+        error = error_line(attempt["error"], None)
+        print(f"  fence {attempt['fence']} at {when(attempt['failed_at'])}: {error}")
     if receipt.response is not None:
         r = receipt.response
         print(f"response     {r.status} {r.content_type} ({len(r.body)} bytes)")
@@ -85,7 +87,7 @@ def failed_command(args: argparse.Namespace) -> int:
         print("no failed receipts")
         return 0
     for row in rows:
-        error = (row["last_error"] or "").splitlines()[0][:80] if row["last_error"] else "-"
+        error = error_line(row["last_error"], 80) or "-"
         kind = {keyed.ACTION: "action", keyed.IDEMPOTENCY: "idempotency-key"}.get(
             keyed.namespace(row["provider"]) or "", "webhook"
         )

@@ -1,8 +1,9 @@
 """The real ``receiver`` command on a queued delivery, on both stores: ``inspect`` shows one no
 worker has taken yet, ``replay`` puts a dead letter back in the queue and says so with exit
 status 0, and each replay from the command line is one row of the console's audit, with its
-outcome; ``--app`` naming a module that does not exist is one line and status 2; and ``receiver
-sweep --store`` takes its retentions."""
+outcome; ``--app`` naming a module that does not exist is one line and status 2; ``receiver
+sweep --store`` takes its retentions; ``failed`` and ``inspect`` mask stored errors as the console
+does."""
 
 from __future__ import annotations
 
@@ -132,3 +133,25 @@ def test_a_store_sweep_takes_its_retentions(tmp_path: Path) -> None:
         assert done.returncode == 2, done.stderr
         assert done.stderr.strip().count("\n") == 0, done.stderr
         assert "--audit-retention" in done.stderr
+
+
+def test_the_cli_masks_stored_errors_as_the_console_does(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    rx = Receiver(url, [Provider(PROVIDER, [SECRET])], sweep_interval=None)
+
+    @rx.on("order.created")
+    async def created(event: Event, tx: Connection) -> None:
+        raise RuntimeError("card 4111 1111 1111 1111 declined for Bearer abc.def-ghi")
+
+    async def deliver() -> None:
+        async with rx:
+            body = body_of(order="o-1")
+            assert (await rx.deliver(PROVIDER, signed("m1", body), body)).status_code == 500
+
+    asyncio.run(deliver())
+    for args in (["failed"], ["inspect", PROVIDER, "m1"]):
+        done = receiver(*args, "--store", url)
+        assert done.returncode == 0, done.stderr
+        assert "RuntimeError: card •••" in done.stdout
+        for secret in ("4111", "1111 1111", "abc.def"):
+            assert secret not in done.stdout
