@@ -6,6 +6,10 @@ runner through the environment:
     BENCH_HANDLER      "noop" (default) or "insert" (one business row through tx)
     BENCH_INVOCATIONS  directory where each process appends one line per handler invocation
     BENCH_MODE         "inline" (default) or "queued" (answer 202, handlers on `receiver worker`)
+    BENCH_ADMISSION    optional: the Receiver's max_in_progress ("0": no admission control;
+                       unset: the default, derived from the pool and the measured latency)
+    BENCH_TIMEOUT      optional: the provider's sender time limit in seconds (unset: the
+                       preset's; "none": no limit)
     BENCH_LOG          optional file for the receiver's log at INFO (one JSON line per delivery);
                        without it the receiver's INFO lines are disabled, as under uvicorn's
                        --log-level warning with no logging configuration of the application
@@ -51,14 +55,25 @@ class Invocations:
 
 
 def build(
-    store: str, secret: str, handler: str, invocations: str | None, mode: str = "inline"
+    store: str,
+    secret: str,
+    handler: str,
+    invocations: str | None,
+    mode: str = "inline",
+    admission: str | None = None,
+    timeout: str | None = None,
 ) -> Receiver:
     if handler not in ("noop", "insert"):
         raise ValueError(f"BENCH_HANDLER must be noop or insert, not {handler!r}")
     if mode not in ("inline", "queued"):
         raise ValueError(f"BENCH_MODE must be inline or queued, not {mode!r}")
     count = Invocations(invocations)
-    rx = Receiver(store, [Provider(PROVIDER, [secret], mode=mode)])  # type: ignore[arg-type]
+    options: dict[str, Any] = {}
+    if timeout is not None:
+        options["timeout"] = None if timeout == "none" else float(timeout)
+    provider = Provider(PROVIDER, [secret], mode=mode, **options)  # type: ignore[arg-type]
+    limit = None if admission is None else int(admission)
+    rx = Receiver(store, [provider], max_in_progress=limit)
 
     async def noop(event: Event, tx: Connection) -> Any:
         count(event)
@@ -89,4 +104,25 @@ app = build(
     os.environ.get("BENCH_HANDLER", "noop"),
     os.environ.get("BENCH_INVOCATIONS"),
     os.environ.get("BENCH_MODE", "inline"),
+    os.environ.get("BENCH_ADMISSION"),
+    os.environ.get("BENCH_TIMEOUT"),
 )
+
+if os.environ.get("BENCH_DEBUG"):
+    import asyncio
+    import sys
+
+    @app.on_startup
+    async def _debug(conn: Any) -> None:
+        async def loop() -> None:
+            a = app.admission
+            while True:
+                await asyncio.sleep(0.5)
+                print(
+                    f"DBG n={a.in_progress} bound={a.bound} cap={a.capacity} alone={a.alone} "
+                    f"lat={a.latency} shed={a.shed_total}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+        asyncio.get_running_loop().create_task(loop())

@@ -29,6 +29,7 @@ from . import (
     dbos_peer,
     keyed_http,
     load,
+    overload,
     peers,
     profile,
     queued,
@@ -862,6 +863,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="let the receiver log its INFO line per delivery (to a file), to see its cost",
     )
     parser.add_argument(
+        "--overload",
+        action="store_true",
+        help="only the overload run (benchmarks/overload.py): 1x-8x capacity, admission "
+        "control off and on, and a sender's backlog replay",
+    )
+    parser.add_argument(
+        "--overload-levels", default="1,2,4,8", help="multiples of the capacity to offer"
+    )
+    parser.add_argument(
+        "--overload-seconds", type=float, default=10.0, help="seconds per overload level"
+    )
+    parser.add_argument(
+        "--overload-connections", type=int, default=2048, help="most connections open at once"
+    )
+    parser.add_argument(
+        "--sender-timeout", type=float, default=5.0, help="seconds a sender waits for an answer"
+    )
+    parser.add_argument(
+        "--backlog", type=int, default=100_000, help="deliveries in the backlog replay (0 skips)"
+    )
+    parser.add_argument(
         "--wait-quiet",
         type=float,
         default=0.0,
@@ -1088,6 +1110,13 @@ def _finish(bench: Bench, started: float) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.overload:
+        # Its own load generator (an open loop: wrk cannot offer a fixed rate), no wrk needed.
+        args.levels = overload.levels_of(args.overload_levels)
+        args.connections = args.overload_connections
+        args.warm_rate = 300.0
+        with _workdir(args.keep) as work:
+            return overload.run(args, work, args.pg_url, args.out)
     _preflight()
     return run(args)
 

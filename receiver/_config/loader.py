@@ -36,10 +36,12 @@ from .._queue.backoff import Backoff
 from .._store.url import store_from_url
 from .._verification.keys import dedup_key as check_dedup_key
 from .._verification.twilio import Twilio
+from .._webhooks.admission import DEFAULT_MAX_WAIT
 from .._webhooks.app import DEFAULT_MAX_BODY, DEFAULT_STORE, Receiver
 from .._webhooks.forwarded import TrustedProxies
 from .._webhooks.providers import _NAME, DEFAULT_TOLERANCE
 from .._webhooks.schedules import RetrySchedule, dedup_window, parse_duration
+from .._webhooks.senders import sender_timeout
 from .._webhooks.timespans import DAY
 from .model import Config, ProviderConfig
 from .toml_source import Key, located, scan, show, syntax_error
@@ -74,6 +76,10 @@ _TOP_KEYS = (
     "workers",
     "dead_letter_retention",
     "audit_retention",
+    # Admission control (receiver/_webhooks/admission.py): the bound on deliveries in
+    # progress (absent: derived from the pool) and the wait it keeps an admitted one within.
+    "max_in_progress",
+    "max_queue_wait",
     "providers",
 )
 _PROVIDER_KEYS = (
@@ -93,6 +99,10 @@ _PROVIDER_KEYS = (
     "dedup_key",
     # Twilio signs the URL it requested: the webhook URL as configured in Twilio.
     "url",
+    # The sender's time limit (absent: the schedule preset's sender's; false: none) and the
+    # answer to a delivery shed under load (503 or 429).
+    "timeout",
+    "shed_status",
 )
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -197,6 +207,20 @@ class _Parser:
                 "expected a number of in-process worker slots for queued deliveries (0: none, "
                 f"run `receiver worker` instead), got {show(workers)}",
             )
+        max_in_progress = doc.get("max_in_progress")
+        if max_in_progress is not None and (
+            isinstance(max_in_progress, bool)
+            or not isinstance(max_in_progress, int)
+            or max_in_progress < 0
+        ):
+            raise self.error(
+                ("max_in_progress",),
+                "expected a number of deliveries in progress per process (0: no bound; leave "
+                f"it out to derive it from the pool size), got {show(max_in_progress)}",
+            )
+        max_queue_wait = self.duration(
+            ("max_queue_wait",), doc.get("max_queue_wait", DEFAULT_MAX_WAIT), positive=True
+        )
         return Config(
             path=self.path,
             store=store,
@@ -211,6 +235,8 @@ class _Parser:
             workers=workers,
             dead_letter_retention=retention["dead_letter_retention"],
             audit_retention=retention["audit_retention"],
+            max_in_progress=max_in_progress,
+            max_queue_wait=max_queue_wait,
             _lines=self.lines,
         )
 
@@ -289,6 +315,18 @@ class _Parser:
         retry = self.retry(key, table)
         dedup_key = self.dedup_key((*key, "dedup_key"), table.get("dedup_key"))
         url = self.url(key, scheme, table.get("url"))
+        timeout = table.get("timeout", sender_timeout(schedule.name))
+        if timeout is False:
+            timeout = None
+        elif timeout is not None:
+            timeout = self.duration((*key, "timeout"), timeout, positive=True)
+        shed_status = table.get("shed_status", 503)
+        if shed_status not in (429, 503) or isinstance(shed_status, bool):
+            raise self.error(
+                (*key, "shed_status"),
+                f"expected 503 or 429 (the answer to a delivery shed under load), "
+                f"got {show(shed_status)}",
+            )
         return ProviderConfig(
             name=name,
             scheme=scheme,
@@ -302,6 +340,8 @@ class _Parser:
             retry=retry,
             dedup_key=dedup_key,
             url=url,
+            timeout=timeout,
+            shed_status=shed_status,
         )
 
     def dedup_key(self, key: Key, value: object) -> tuple[str, ...] | None:

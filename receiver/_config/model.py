@@ -51,6 +51,10 @@ class ProviderConfig:
     dedup_key: tuple[str, ...] | None = None
     #: Twilio only: the webhook URL as configured in Twilio (it signs the URL).
     url: str | None = None
+    #: Seconds the sender waits for an answer (None: no limit).
+    timeout: float | None = None
+    #: The answer to a delivery shed under load: 503 or 429.
+    shed_status: int = 503
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,10 @@ class Config:
     #: Seconds a dead letter is kept after its window, and an audit record after its action.
     dead_letter_retention: float = DEAD_LETTER_RETENTION
     audit_retention: float = AUDIT_RETENTION
+    #: The bound on deliveries in progress per process (None: derived from the pool; 0: none).
+    max_in_progress: int | None = None
+    #: The wait an admitted delivery is kept within, seconds (the derived bound's target).
+    max_queue_wait: float = 0.5
     _lines: Mapping[tuple[str, ...], int] = field(default_factory=dict, repr=False, compare=False)
 
     def receiver(
@@ -93,6 +101,8 @@ class Config:
             workers=self.workers,
             dead_letter_retention=self.dead_letter_retention,
             audit_retention=self.audit_retention,
+            max_in_progress=self.max_in_progress,
+            max_queue_wait=self.max_queue_wait,
         )
         for index, register in enumerate(registers):
             try:
@@ -130,6 +140,8 @@ class Config:
             lease=config.lease,
             mode=config.mode,
             retry=config.retry,
+            timeout=config.timeout,
+            shed_status=config.shed_status,
         )
 
     def _register_func(self, index: int, spec: str) -> RegisterFunc:

@@ -46,7 +46,12 @@ OUTCOMES = (
     "needs_review",
     "store_unavailable",
     "queued",
+    "shed",
 )
+
+#: The ``reason`` label of shed deliveries (receiver/_webhooks/admission.py): past the bound on
+#: deliveries in progress, or past the sender's time limit.
+SHED_REASONS = ("overloaded", "past_budget")
 
 #: The ``outcome`` label of queued attempts run by workers (receiver._webhooks.pipeline.Outcome
 #: values).
@@ -230,7 +235,8 @@ class Metrics:
         r = self.registry
         self.deliveries = Counter(
             "receiver_deliveries",
-            "Deliveries answered, by outcome; rejected ones also by the failed check (reason).",
+            "Deliveries answered, by outcome; rejected ones also by the failed check (reason), "
+            "shed ones by why they were shed (overloaded, past_budget).",
             ["provider", "outcome", "reason"],
             registry=r,
         )
@@ -320,10 +326,12 @@ class Metrics:
     def add_provider(self, provider: str) -> None:
         """Create the provider's series at 0, so that the first event is an increase."""
         for outcome in OUTCOMES:
-            if outcome != "rejected":
+            if outcome not in ("rejected", "shed"):
                 self.deliveries.labels(provider, outcome, "")
         for reason in REASONS:
             self.deliveries.labels(provider, "rejected", reason)
+        for reason in SHED_REASONS:
+            self.deliveries.labels(provider, "shed", reason)
         for evidence in EVIDENCE:
             self.double_executions.labels(provider, evidence)
         for result in SWEEP_RESULTS:
@@ -343,7 +351,12 @@ class Metrics:
     # -- events --------------------------------------------------------------------------------
 
     def delivered(self, provider: str, outcome: str, check: str | None, seconds: float) -> None:
-        reason = reason_of(check) if outcome == "rejected" else ""
+        if outcome == "rejected":
+            reason = reason_of(check)
+        elif outcome == "shed":
+            reason = check if check in SHED_REASONS else "overloaded"
+        else:
+            reason = ""
         # The labelled children, looked up once per label set: prometheus_client's labels()
         # validates and locks on every call, a measurable share of a delivery's own time.
         labels = (provider, outcome, reason)

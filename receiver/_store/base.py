@@ -268,6 +268,12 @@ class Store(abc.ABC):
         return await missing(self)
 
     @property
+    def concurrency(self) -> int:
+        """How many deliveries' statements the store runs at once: its pool size (SQLite: one
+        writer). The admission bound on deliveries in progress is derived from it."""
+        return 1
+
+    @property
     @abc.abstractmethod
     def url(self) -> str:
         """Where the store points, without credentials (for logs and the CLI)."""

@@ -264,6 +264,12 @@ class PostgresStore(Store):
         self._aside_lock = asyncio.Lock()
 
     @property
+    def concurrency(self) -> int:
+        if self._pool is not None and not self._owns_pool:
+            return int(self._pool.get_max_size())
+        return self._max_size
+
+    @property
     def url(self) -> str:
         if self._dsn is None:
             return "postgresql://(shared pool)"

@@ -29,6 +29,7 @@ from .._ops.sweeper import AUDIT_RETENTION, DEAD_LETTER_RETENTION, Recoverer, ch
 from .._queue.ingest import enqueue_many
 from .._store.base import Store
 from .._store.url import store_from_url
+from .admission import DEFAULT_MAX_WAIT, Admission
 from .events import Event
 from .forwarded import TrustedProxies
 from .handlers import Effects, Handler, HandlerFunc, Mode, ReconcileFunc, Registry
@@ -74,6 +75,13 @@ class Receiver(Serving):
     dataclasses, datetimes, UUIDs, enums and Pydantic models need none). The sweeper keeps a
     dead letter ``dead_letter_retention`` seconds after its window (7 days) and an operator's
     audit record ``audit_retention`` seconds (365 days).
+
+    Admission control: at most ``max_in_progress`` deliveries are in progress in this process
+    (None: derived from the store's pool size and the measured latency, so that an admitted
+    delivery waits about ``max_queue_wait`` seconds at most beyond its own work; 0: no bound).
+    Past it, and for a delivery that has waited past its sender's time limit
+    (``Provider.timeout``), the answer is 503 with ``Retry-After`` (or the provider's
+    ``shed_status``) before anything is claimed: the sender's retry runs it fresh.
     """
 
     def __init__(
@@ -96,8 +104,14 @@ class Receiver(Serving):
         encoder: Encoder | None = None,
         dead_letter_retention: float = DEAD_LETTER_RETENTION,
         audit_retention: float = AUDIT_RETENTION,
+        max_in_progress: int | None = None,
+        max_queue_wait: float = DEFAULT_MAX_WAIT,
     ) -> None:
         self.store: Store = store_from_url(store) if isinstance(store, str) else store
+        #: The bound on deliveries in progress in this process (receiver/_webhooks/admission.py).
+        self.admission = Admission(
+            pool=self.store.concurrency, limit=max_in_progress, max_wait=max_queue_wait
+        )
         if max_body_size <= 0:
             raise ConfigurationError(f"max_body_size must be positive, not {max_body_size}")
         self.max_body_size = max_body_size

@@ -38,6 +38,7 @@ class Outcome(enum.StrEnum):
     STORE_UNAVAILABLE = "store_unavailable"
     QUEUED = "queued"  # recorded for the workers and answered 202 (queued mode)
     DEAD_LETTER = "dead_letter"  # a queued receipt's last attempt failed (workers only)
+    SHED = "shed"  # answered 503 (or 429) under load before anything was claimed
 
 
 @dataclass(frozen=True, slots=True)

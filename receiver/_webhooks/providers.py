@@ -14,6 +14,7 @@ from .._verification.verifier import StandardWebhooks, Verifier
 from .handlers import Mode
 from .outcomes import Outcome, Reply
 from .schedules import DedupWindow, RetrySchedule, dedup_window
+from .senders import sender_timeout
 from .timespans import DAY
 
 DEFAULT_TOLERANCE = 300.0
@@ -32,6 +33,12 @@ class Provider:
     long an attempt owns a delivery before another attempt may take over. ``mode="queued"``
     answers every delivery 202 once it is recorded and leaves the handlers to workers, which
     retry a failure on the ``retry`` schedule (see :class:`~receiver.Backoff`).
+
+    ``timeout`` is how long the sender waits for an answer (seconds): by default the published
+    limit of the sender whose schedule preset is used (Slack 3 s, Shopify 5 s, GitHub 10 s,
+    ...; None for a custom schedule), None for no limit. A delivery that has waited so long
+    that it cannot be answered within it is not started (503, nothing claimed).
+    ``shed_status`` is the answer to a delivery shed under load: 503 (default) or 429.
     """
 
     def __init__(
@@ -48,6 +55,8 @@ class Provider:
         mode: Mode = "inline",
         retry: Backoff | None = None,
         dedup_key: KeySource = None,
+        timeout: float | str | None = "preset",
+        shed_status: int = 503,
     ) -> None:
         if not isinstance(name, str) or not _NAME.match(name):
             raise ConfigurationError(
@@ -81,8 +90,13 @@ class Provider:
             raise ConfigurationError(
                 f"provider {name!r}: retry must be a Backoff(attempts=, base=, cap=), not {retry!r}"
             )
+        if shed_status not in (429, 503):
+            raise ConfigurationError(
+                f"provider {name!r}: shed_status must be 503 or 429, not {shed_status!r}"
+            )
         key = check_dedup_key(dedup_key, name)
         self.name = name
+        self.shed_status = shed_status
         self.mode: Mode = mode
         self.retry = retry if retry is not None else Backoff()
         #: The scheme's verifier as configured (the kit's sender signs for it).
@@ -100,6 +114,23 @@ class Provider:
                 f"provider {name!r}: the dedup window ({self.window.window:g} s) is shorter than "
                 f"the lease ({self.lease:g} s): a receipt would expire while an attempt still "
                 "holds it; raise ttl or lower lease"
+            )
+        #: Seconds the sender waits for an answer (None: no known limit).
+        self.timeout: float | None
+        if timeout == "preset":
+            self.timeout = sender_timeout(self.window.schedule.name)
+        elif timeout is None:
+            self.timeout = None
+        elif (
+            isinstance(timeout, int | float)
+            and not isinstance(timeout, bool)
+            and 0 < timeout < float("inf")
+        ):
+            self.timeout = float(timeout)
+        else:
+            raise ConfigurationError(
+                f"provider {name!r}: timeout must be positive seconds, None (no limit) or "
+                f"'preset' (the sender's published limit), not {timeout!r}"
             )
 
     def stop_retries(self, reply: Reply) -> Reply:

@@ -5,6 +5,7 @@ metrics, 404, 405)."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
@@ -15,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 
 from .._exceptions import SchemaOutdated, StoreMisconfigured, StoreUnavailable
 from .._ledger.responses import error
+from .admission import Admission, shed_reply
 from .forwarded import TrustedProxies
 from .lifecycle import Lifecycle
 from .outcomes import Reply
@@ -40,6 +42,7 @@ class Serving(Lifecycle):
     """The HTTP side of a :class:`~receiver.Receiver`."""
 
     max_body_size: int
+    admission: Admission
     trusted_proxies: TrustedProxies
     tracing: Tracing
     _open_lock: asyncio.Lock
@@ -52,19 +55,35 @@ class Serving(Lifecycle):
         if scope["type"] == "http" and scope["method"] == "POST":
             provider = self.providers.get(_route_path(scope)[1:])
             if provider is not None:
-                response = await self._deliver_http(Request(scope, receive), provider)
+                # When the delivery arrived: its wait counts against its sender's time limit.
+                arrived = time.perf_counter()
+                if self.admission.full() and self._opened:
+                    # Shed at once, before the body is read and before anything is built for
+                    # it: under a flood, each refusal must cost far less than a delivery.
+                    reply = self._shed(provider, Headers(scope=scope), "overloaded", arrived)
+                    await reply.response(scope, receive, send)
+                    return
+                response = await self._deliver_http(Request(scope, receive), provider, arrived)
                 await response(scope, receive, send)
                 return
         await self._app(scope, receive, send)
 
     async def deliver(
-        self, provider: str, headers: Headers | dict[str, str], body: bytes
+        self,
+        provider: str,
+        headers: Headers | dict[str, str],
+        body: bytes,
+        *,
+        waited: float = 0.0,
     ) -> Response:
-        """Process one delivery without HTTP (for tests, queues and replays)."""
+        """Process one delivery without HTTP (for tests, queues and replays). ``waited``: the
+        seconds it has already waited since it arrived, counted against its sender's time
+        limit."""
         found = self.providers.get(provider)
         if found is None:
             return error(404, "unknown_provider", f"no provider named {provider!r}")
-        reply = await self._traced(found, Headers(headers=dict(headers)), body)
+        arrived = self.admission.clock() - waited
+        reply = await self._traced(found, Headers(headers=dict(headers)), body, None, arrived)
         return reply.response
 
     async def _endpoint(self, request: Request) -> Response:
@@ -74,9 +93,11 @@ class Serving(Lifecycle):
         if request.method != "POST":
             detail = f"webhooks are delivered with POST, not {request.method}"
             return error(405, "method_not_allowed", detail, {"allow": "POST"})
-        return await self._deliver_http(request, provider)
+        return await self._deliver_http(request, provider, time.perf_counter())
 
-    async def _deliver_http(self, request: Request, provider: Provider) -> Response:
+    async def _deliver_http(
+        self, request: Request, provider: Provider, arrived: float | None = None
+    ) -> Response:
         name = provider.name
         try:
             body = await self._read_body(request)
@@ -92,13 +113,19 @@ class Serving(Lifecycle):
             return self._refused(name, request, 499, "client_disconnected", detail)
         peer = request.client.host if request.client else None
         client = self.trusted_proxies.client(peer, request.headers)
-        reply = await self._traced(provider, request.headers, body, client)
+        reply = await self._traced(provider, request.headers, body, client, arrived)
         return reply.response
 
     async def _traced(
-        self, provider: Provider, headers: Headers, body: bytes, client: str | None = None
+        self,
+        provider: Provider,
+        headers: Headers,
+        body: bytes,
+        client: str | None = None,
+        arrived: float | None = None,
     ) -> Reply:
-        """``pipeline.deliver`` in a span of its own when an OpenTelemetry SDK is configured."""
+        """``pipeline.deliver`` in a span of its own when an OpenTelemetry SDK is configured,
+        once admitted: shed (nothing claimed) past the bound or the sender's time limit."""
         if not self._opened:
             refused = await self._open_on_first_delivery()
             if refused is not None:
@@ -106,6 +133,30 @@ class Serving(Lifecycle):
         if self._pending_startup is not None:
             starting = StoreUnavailable("the startup hooks have not run yet")
             return self.pipeline.unavailable(provider.name, headers, starting)
+        admission = self.admission
+        started = admission.clock()
+        waited = 0.0 if arrived is None else started - arrived
+        if admission.past_budget(waited, provider.timeout):
+            return self._shed(provider, headers, "past_budget", started)
+        ticket = admission.enter()
+        if ticket is None:
+            return self._shed(provider, headers, "overloaded", started)
+        try:
+            return await self._deliver_admitted(provider, headers, body, client)
+        finally:
+            admission.leave(ticket)
+
+    def _shed(self, provider: Provider, headers: Headers, reason: str, started: float) -> Reply:
+        """Answer at once, before verification and before anything touches the store."""
+        self.admission.shed(reason)
+        retry = self.admission.retry_after(self.pipeline.retry_after)
+        reply = shed_reply(provider.shed_status, reason, retry)
+        self.pipeline._report(provider.name, None, None, reply, started, headers)
+        return reply
+
+    async def _deliver_admitted(
+        self, provider: Provider, headers: Headers, body: bytes, client: str | None
+    ) -> Reply:
         tracer = self.tracing.tracer()
         if tracer is None:
             return await self.pipeline.deliver(provider, headers, body, client)

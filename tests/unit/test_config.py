@@ -391,27 +391,27 @@ ERRORS = [
         'stor = "x"\n' + P,
         "receiver.toml:1: stor: unknown key (did you mean store?); the file's top level takes "
         "store, handlers, max_body_size, retry_after, sweep_interval, trusted_proxies, workers, "
-        "dead_letter_retention, audit_retention, providers",
+        "dead_letter_retention, audit_retention, max_in_progress, max_queue_wait, providers",
     ),
     (
         'scheme = "stripe"\n' + P,
         "receiver.toml:1: scheme: unknown key (provider settings go in a [providers.NAME] "
         "table); the file's top level takes store, handlers, max_body_size, retry_after, "
         "sweep_interval, trusted_proxies, workers, dead_letter_retention, audit_retention, "
-        "providers",
+        "max_in_progress, max_queue_wait, providers",
     ),
     (
         P + "max_body_size = 10\n",
         "receiver.toml:3: providers.b.max_body_size: unknown key (top-level keys must come "
         "before the first [table] header); a provider takes scheme, secrets_env, tolerance, "
         "schedule, review_margin, ttl, lease, mode, retry_attempts, retry_base, retry_cap, "
-        "dedup_key, url",
+        "dedup_key, url, timeout, shed_status",
     ),
     (
         P + 'shedule = "svix"\n',
         "receiver.toml:3: providers.b.shedule: unknown key (did you mean schedule?); a provider "
         "takes scheme, secrets_env, tolerance, schedule, review_margin, ttl, lease, mode, "
-        "retry_attempts, retry_base, retry_cap, dedup_key, url",
+        "retry_attempts, retry_base, retry_cap, dedup_key, url, timeout, shed_status",
     ),
     # secrets never in the file
     (

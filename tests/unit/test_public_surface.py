@@ -275,4 +275,5 @@ def test_the_outcomes_are_pinned() -> None:
         "STORE_UNAVAILABLE": "store_unavailable",
         "QUEUED": "queued",
         "DEAD_LETTER": "dead_letter",
+        "SHED": "shed",
     }

@@ -1,0 +1,168 @@
+"""Shed before claiming: past the bound on deliveries in progress, or past the sender's time
+limit, a delivery is answered 503 with Retry-After at once and leaves no trace in the ledger,
+so that the sender's retry runs it fresh (receiver/_webhooks/admission.py).
+
+Real PostgreSQL: many concurrent deliveries released through one barrier against a bound of a
+few, with the admitted ones held inside their handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import orjson
+
+from receiver import Connection, Event, PostgresStore, Provider, Receiver
+from tests.support import EFFECTS_DDL, PROVIDER, SECRET, body_of, effects, query, signed
+
+BOUND = 4
+COPIES = 24
+
+
+class Calls(Counter[str]):
+    """Handler calls by webhook-id; ``entered(n)`` waits until n more calls have begun."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.began: asyncio.Queue[str] = asyncio.Queue()
+
+    async def entered(self, n: int) -> None:
+        for _ in range(n):
+            await asyncio.wait_for(self.began.get(), 10)
+
+
+def held_receiver(
+    store: PostgresStore, provider: dict[str, Any] | None = None, **options: Any
+) -> tuple[Receiver, Calls, asyncio.Event]:
+    """A receiver whose handler counts its call, then waits for the gate before it writes."""
+    rx = Receiver(
+        store, [Provider(PROVIDER, [SECRET], **(provider or {}))], sweep_interval=None, **options
+    )
+    calls = Calls()
+    gate = asyncio.Event()
+
+    @rx.on_startup
+    async def create_effects(conn: Connection) -> None:
+        await conn.execute(EFFECTS_DDL)
+
+    @rx.on("order.created")
+    async def record(event: Event, tx: Connection) -> Any:
+        calls[event.id] += 1
+        calls.began.put_nowait(event.id)
+        await gate.wait()
+        await tx.execute(
+            "INSERT INTO effects (provider, webhook_id, fence, note) VALUES ($1, $2, $3, $4)",
+            event.provider,
+            event.id,
+            event.fence,
+            event.type,
+        )
+        return {"id": event.id}
+
+    return rx, calls, gate
+
+
+def delivery(n: int) -> tuple[str, dict[str, str], bytes]:
+    webhook_id = f"msg_shed_{n:03d}"
+    body = body_of(order=webhook_id)
+    return webhook_id, signed(webhook_id, body), body
+
+
+async def ledger_ids(pg_url: str) -> set[str]:
+    rows = await query(pg_url, "SELECT webhook_id FROM receiver_receipts")
+    return {r[0] for r in rows}
+
+
+async def test_past_the_bound_a_delivery_is_shed_before_it_claims_anything(
+    pg_store: PostgresStore, pg_url: str
+) -> None:
+    rx, calls, gate = held_receiver(pg_store, max_in_progress=BOUND)
+    deliveries = [delivery(n) for n in range(COPIES)]
+    barrier = asyncio.Barrier(COPIES)
+
+    async def one(headers: dict[str, str], body: bytes) -> Any:
+        await barrier.wait()  # every delivery arrives together
+        return await rx.deliver(PROVIDER, headers, body)
+
+    async with rx:
+        tasks = [asyncio.create_task(one(h, b)) for _, h, b in deliveries]
+        # The admitted ones are held in their handler; the shed ones have their answer.
+        await calls.entered(BOUND)
+        await asyncio.sleep(0.05)  # any admitted past the bound would be running by now
+        shed = {i for i, t in enumerate(tasks) if t.done()}
+        assert len(shed) == COPIES - BOUND
+        assert len(calls) == BOUND
+        for i in shed:
+            answer = tasks[i].result()
+            assert answer.status_code == 503
+            assert int(answer.headers["retry-after"]) >= 1
+            assert orjson.loads(answer.body)["error"] == "overloaded"
+        # Nothing of a shed delivery is in the ledger; the admitted ones are claimed, in flight.
+        shed_ids = {deliveries[i][0] for i in shed}
+        admitted_ids = {deliveries[i][0] for i in range(COPIES)} - shed_ids
+        assert await ledger_ids(pg_url) == admitted_ids
+        assert set(calls) == admitted_ids
+        assert rx.admission.shed_total["overloaded"] == COPIES - BOUND
+        metric = rx.metrics.registry.get_sample_value(  # type: ignore[union-attr]
+            "receiver_deliveries_total",
+            {"provider": PROVIDER, "outcome": "shed", "reason": "overloaded"},
+        )
+        assert metric == COPIES - BOUND
+
+        gate.set()
+        for i, t in enumerate(tasks):
+            if i not in shed:
+                assert (await t).status_code == 200
+        # The senders' retries of the shed deliveries run fresh: executed once each.
+        for i in sorted(shed):
+            _, headers, body = deliveries[i]
+            answer = await rx.deliver(PROVIDER, headers, body)
+            assert answer.status_code == 200
+            assert "idempotent-replayed" not in answer.headers
+    assert calls == Counter({webhook_id: 1 for webhook_id, _, _ in deliveries})
+    assert await effects(pg_store) == COPIES
+    assert rx.admission.in_progress == 0
+
+
+async def test_a_delivery_past_its_senders_time_limit_is_not_started(
+    pg_store: PostgresStore, pg_url: str
+) -> None:
+    rx, calls, gate = held_receiver(pg_store)
+    gate.set()
+    webhook_id, headers, body = delivery(1)
+    async with rx:
+        # The preset's limit (Svix: 15 s) is gone: the sender has hung up.
+        answer = await rx.deliver(PROVIDER, headers, body, waited=16.0)
+        assert answer.status_code == 503
+        assert orjson.loads(answer.body)["error"] == "past_budget"
+        assert await ledger_ids(pg_url) == set()
+        assert not calls
+        # Its retry, in time, runs it.
+        answer = await rx.deliver(PROVIDER, headers, body, waited=0.5)
+        assert answer.status_code == 200
+    assert calls == Counter({webhook_id: 1})
+    assert rx.admission.shed_total == {"overloaded": 0, "past_budget": 1}
+
+
+async def test_a_provider_may_ask_for_429_and_a_bound_of_0_admits_everything(
+    pg_store: PostgresStore, pg_url: str
+) -> None:
+    rx, calls, gate = held_receiver(
+        pg_store, {"shed_status": 429, "timeout": None}, max_in_progress=1
+    )
+    (_, h1, b1), (id2, h2, b2) = delivery(1), delivery(2)
+    async with rx:
+        first = asyncio.create_task(rx.deliver(PROVIDER, h1, b1))
+        await calls.entered(1)
+        answer = await asyncio.wait_for(rx.deliver(PROVIDER, h2, b2), 10)
+        assert answer.status_code == 429
+        assert int(answer.headers["retry-after"]) >= 1
+        assert id2 not in await ledger_ids(pg_url)
+        # No bound: both run side by side; no sender limit: however long it waited.
+        rx.admission.limit = 0
+        second = asyncio.create_task(rx.deliver(PROVIDER, h2, b2, waited=3600.0))
+        await calls.entered(1)
+        gate.set()
+        assert (await first).status_code == (await second).status_code == 200

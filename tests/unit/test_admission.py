@@ -1,0 +1,189 @@
+"""The admission bound and the senders' time limits: how the bound is derived from the pool and
+the measured service time, when a delivery is past its budget, and where each is configured.
+(The shedding itself, against a real store: tests/integration/test_admission.py.)"""
+
+from __future__ import annotations
+
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from receiver import ConfigurationError, Provider, Receiver
+from receiver._config.loader import load_config
+from receiver._webhooks.admission import MAX_BOUND, Admission, Ticket
+from receiver._webhooks.schedules import PRESETS
+from receiver._webhooks.senders import SENDER_TIMEOUTS
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run(admission: Admission, clock: Clock, seconds: float, concurrent: int) -> None:
+    """``concurrent`` deliveries admitted together, all done ``seconds`` later."""
+    tickets = [admission.enter() for _ in range(concurrent)]
+    clock.now += seconds
+    for ticket in tickets:
+        assert ticket is not None
+        admission.leave(ticket)
+
+
+def steady(admission: Admission, clock: Clock, took: float, concurrent: int, n: int) -> None:
+    """``concurrent`` deliveries in progress at a time, each done ``took`` seconds after it was
+    admitted, ``n`` times over."""
+    in_progress: deque[Ticket] = deque()
+    for _ in range(n):
+        while len(in_progress) < concurrent:
+            ticket = admission.enter()
+            if ticket is None:
+                break
+            in_progress.append(ticket)
+        clock.now += took / max(1, len(in_progress))
+        if in_progress:
+            admission.leave(in_progress.popleft())
+
+
+class CPU:
+    """A process whose deliveries share one CPU: each takes ``work`` seconds of it, so one
+    finishes every ``work`` seconds and each takes ``work`` times the number in progress."""
+
+    def __init__(self, admission: Admission, clock: Clock, work: float) -> None:
+        self.admission, self.clock, self.work = admission, clock, work
+        self.in_progress: deque[Ticket] = deque()
+
+    def run(self, offered: int, n: int) -> None:
+        """``offered`` deliveries try to be in progress at once (the shed ones come back at
+        once), until ``n`` have finished."""
+        for _ in range(n):
+            while len(self.in_progress) < offered:
+                ticket = self.admission.enter()
+                if ticket is None:
+                    break
+                self.in_progress.append(ticket)
+            self.clock.now += self.work
+            self.admission.leave(self.in_progress.popleft())
+
+
+def test_the_bound_follows_the_wait_beyond_a_deliverys_own_work() -> None:
+    clock = Clock()
+    admission = Admission(pool=10, max_wait=0.5, clock=clock)
+    assert admission.bound == MAX_BOUND  # nothing measured: nothing is shed
+    cpu = CPU(admission, clock, 0.01)
+    cpu.run(1, 200)  # alone: 10 ms each
+    assert admission.alone == pytest.approx(0.01, rel=0.01)
+    assert admission.bound == MAX_BOUND  # no wait beyond the work: it stays high
+    # A flood: a thousand at once. The bound falls to about (10 ms + 0.5 s) / 10 ms = 51 in
+    # progress, where a delivery waits 0.5 s beyond its own work.
+    cpu.run(1000, 5000)
+    assert 40 <= admission.bound <= 65
+    assert admission.latency == pytest.approx(0.51, rel=0.25)
+    assert admission.alone == pytest.approx(0.01, rel=0.01)  # queued ones do not count
+    assert admission.capacity == pytest.approx(100, rel=0.05)  # one every 10 ms
+    # The flood is over: what the process can do stays admitted; its capacity is forgotten
+    # slowly (a light load is no measure of it).
+    cpu.run(5, 500)
+    assert admission.bound >= 40
+    assert 50 < (admission.capacity or 0) < 100
+
+
+def test_a_slow_handler_is_not_taken_for_a_queue() -> None:
+    clock = Clock()
+    admission = Admission(pool=10, max_wait=0.5, clock=clock)
+    steady(admission, clock, 1.0, 5, 500)  # an external call of a second, nothing queued
+    steady(admission, clock, 1.2, 50, 5000)  # 50 in progress, each a little slower
+    # 50 / 1.2 s finished per second, times (1 s + 0.5 s): room for 62, none shed.
+    assert admission.bound == pytest.approx(62, abs=2)
+
+
+def test_past_the_bound_nothing_is_admitted_until_one_leaves() -> None:
+    admission = Admission(pool=2, limit=3, clock=Clock())
+    tickets = [admission.enter() for _ in range(3)]
+    assert None not in tickets
+    assert admission.enter() is None
+    first = tickets[0]
+    assert first is not None
+    admission.leave(first)
+    assert admission.enter() is not None
+    assert admission.in_progress == 3
+
+
+def test_a_delivery_is_past_its_budget_when_it_cannot_finish_in_time() -> None:
+    clock = Clock()
+    admission = Admission(pool=1, clock=clock)
+    assert not admission.past_budget(2.9, 3.0)  # nothing measured: only the wait counts
+    assert admission.past_budget(3.1, 3.0)
+    run(admission, clock, 0.5, 1)
+    assert admission.past_budget(2.6, 3.0)  # 2.6 s waited + 0.5 s of work > 3 s
+    assert not admission.past_budget(2.4, 3.0)
+    assert not admission.past_budget(1e9, None)  # no known limit
+    assert admission.retry_after(5) == 1
+    for _ in range(100):
+        run(admission, clock, 20.0, 1)
+    assert admission.retry_after(5) == 5
+    assert admission.retry_after(30) == 20  # from how long the work takes, capped
+
+
+def test_a_bound_of_0_admits_everything() -> None:
+    admission = Admission(pool=1, limit=0, clock=Clock())
+    assert all(admission.enter() is not None for _ in range(10_000))
+    assert not admission.past_budget(1e9, 3.0)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"max_in_progress": -1}, {"max_in_progress": 2.5}, {"max_queue_wait": 0}],
+)
+def test_bad_admission_settings_are_refused(options: dict[str, Any]) -> None:
+    with pytest.raises(ConfigurationError):
+        Receiver("sqlite:///x.db", **options)
+
+
+def test_every_preset_sender_has_a_time_limit_with_its_source() -> None:
+    assert set(SENDER_TIMEOUTS) == set(PRESETS)
+    for name, limit in SENDER_TIMEOUTS.items():
+        assert 0 < limit.seconds <= 30, name
+        assert "https://" in limit.source, name
+    expected = {"slack": 3, "zoom": 3, "shopify": 5, "github": 10, "svix": 15, "stripe": 20}
+    for name, seconds in expected.items():
+        assert Provider("p", [SECRET], schedule=name).timeout == seconds
+    assert Provider("p", [SECRET], schedule=[0, 60]).timeout is None  # custom: unknown
+    assert Provider("p", [SECRET], timeout=7).timeout == 7.0
+    assert Provider("p", [SECRET], timeout=None).timeout is None
+    for bad in (0, -1, "soon", True, float("inf")):
+        with pytest.raises(ConfigurationError, match="timeout"):
+            Provider("p", [SECRET], timeout=bad)
+    with pytest.raises(ConfigurationError, match="shed_status"):
+        Provider("p", [SECRET], shed_status=500)
+
+
+def test_the_configuration_file_sets_them(tmp_path: Path) -> None:
+    path = tmp_path / "receiver.toml"
+    path.write_text(
+        "max_in_progress = 64\nmax_queue_wait = 0.25\n"
+        '[providers.chat]\nscheme = "slack"\nsecrets_env = ["S"]\nshed_status = 429\n'
+        '[providers.hub]\nscheme = "github"\nsecrets_env = ["G"]\ntimeout = "8s"\n'
+        '[providers.own]\nsecrets_env = ["O"]\ntimeout = false\n'
+    )
+    config = load_config(path)
+    assert (config.max_in_progress, config.max_queue_wait) == (64, 0.25)
+    timeouts = {p.name: (p.timeout, p.shed_status) for p in config.providers}
+    assert timeouts == {"chat": (3.0, 429), "hub": (8.0, 503), "own": (None, 503)}
+    rx = config.receiver(environ={"S": "8f742231b10e8888abcd99yyyzzz85a5", "G": "g", "O": SECRET})
+    assert (rx.admission.limit, rx.admission.max_wait) == (64, 0.25)
+    assert rx.providers["chat"].shed_status == 429
+    assert rx.providers["hub"].timeout == 8.0
+    for bad in ("max_in_progress = -1\n", "max_in_progress = true\n", "max_queue_wait = 0\n"):
+        path.write_text(bad + '[providers.own]\nsecrets_env = ["O"]\n')
+        with pytest.raises(ConfigurationError, match="max_"):
+            load_config(path)
+    path.write_text('[providers.own]\nsecrets_env = ["O"]\nshed_status = 500\n')
+    with pytest.raises(ConfigurationError, match="503 or 429"):
+        load_config(path)
