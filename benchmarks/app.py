@@ -10,6 +10,8 @@ runner through the environment:
                        unset: the default, derived from the pool and the measured latency)
     BENCH_TIMEOUT      optional: the provider's sender time limit in seconds (unset: the
                        preset's; "none": no limit)
+    BENCH_ADMISSION_LOG  optional: print the admission's state (in progress, bound, capacity,
+                       latencies, shed) to stderr every 0.5 s
     BENCH_LOG          optional file for the receiver's log at INFO (one JSON line per delivery);
                        without it the receiver's INFO lines are disabled, as under uvicorn's
                        --log-level warning with no logging configuration of the application
@@ -108,19 +110,19 @@ app = build(
     os.environ.get("BENCH_TIMEOUT"),
 )
 
-if os.environ.get("BENCH_DEBUG"):
+if os.environ.get("BENCH_ADMISSION_LOG"):
     import asyncio
     import sys
 
     @app.on_startup
-    async def _debug(conn: Any) -> None:
+    async def _admission_log(conn: Any) -> None:
         async def loop() -> None:
             a = app.admission
             while True:
                 await asyncio.sleep(0.5)
                 print(
-                    f"DBG n={a.in_progress} bound={a.bound} cap={a.capacity} alone={a.alone} "
-                    f"lat={a.latency} shed={a.shed_total}",
+                    f"admission: n={a.in_progress} bound={a.bound} capacity={a.capacity} "
+                    f"alone={a.alone} latency={a.latency} shed={a.shed_total}",
                     file=sys.stderr,
                     flush=True,
                 )

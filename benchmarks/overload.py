@@ -327,8 +327,9 @@ class Overload:
             "BENCH_HANDLER": "insert",
             "BENCH_INVOCATIONS": str(invocations),
             "BENCH_TIMEOUT": str(self.args.sender_timeout),
-            "BENCH_DEBUG": "1",
         }
+        if self.args.keep:
+            env["BENCH_ADMISSION_LOG"] = "1"  # the admission's state every 0.5 s, in the log
         if side == "off":
             env["BENCH_ADMISSION"] = "0"
         log = self.path(f"{side}.log")

@@ -363,6 +363,9 @@ class Console:
             configured = {n: p.window.window for n, p in self.receiver.providers.items()}
         async with self.store.acquire() as conn:
             data = await overview.collect(conn, self._now(), configured, chart_range)
+        admission = getattr(self.receiver, "admission", None)
+        if admission is not None:
+            data.shed = admission.shed_rate()
         return "Overview", pages.overview(view, data, chart_range)
 
     def _list(

@@ -45,6 +45,9 @@ class Overview:
     failures: list[Bucket]
     replays: list[Bucket]
     step: float
+    #: This process's deliveries shed under load over the last minute: per second, and their
+    #: share of arrivals (None: the console has no receiver in this process).
+    shed: tuple[float, float] | None = None
 
     def total(self, state: str) -> int:
         return sum(p.counts.get(state, 0) for p in self.providers)

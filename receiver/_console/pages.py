@@ -78,6 +78,10 @@ def overview(view: View, data: Overview, chart_range: str) -> Html:
             False,
         ),
     ]
+    if data.shed is not None:
+        per_second, share = data.shed
+        value = f"{per_second:.1f}/s · {share:.0%}" if per_second else "none"
+        cards.append(("Shed under load (this process, last minute)", value, per_second > 0))
     card_html = "".join(
         f'<div class="card{" alert" if alert else ""}"><div class="label">{esc(label)}</div>'
         f'<div class="value">{esc(value)}</div></div>'

@@ -38,6 +38,7 @@ process's own work.
 
 from __future__ import annotations
 
+import collections
 import math
 import sys
 import time
@@ -112,6 +113,8 @@ class Admission:
         #: Deliveries shed by this process, by reason (for the console; the metrics count them
         #: per provider).
         self.shed_total = dict.fromkeys(SHED_REASONS, 0)
+        #: Per whole second of the clock: deliveries admitted and shed (the last minute's).
+        self._seconds: collections.deque[list[int]] = collections.deque(maxlen=60)
 
     @property
     def enabled(self) -> bool:
@@ -137,7 +140,9 @@ class Admission:
         if self.enabled and self.in_progress >= self.bound:
             return None
         self.in_progress += 1
-        return Ticket(self.clock(), self.in_progress - 1)
+        now = self.clock()
+        self._second(now)[0] += 1
+        return Ticket(now, self.in_progress - 1)
 
     def leave(self, ticket: Ticket) -> None:
         """The delivery is answered: count it out, and adapt the bound to how long it took."""
@@ -177,6 +182,22 @@ class Admission:
 
     def shed(self, reason: str) -> None:
         self.shed_total[reason] += 1
+        self._second(self.clock())[1] += 1
+
+    def _second(self, now: float) -> list[int]:
+        """The counters [admitted, shed] of the second ``now`` falls in."""
+        second = int(now)
+        if not self._seconds or self._seconds[-1][2] != second:
+            self._seconds.append([0, 0, second])
+        return self._seconds[-1]
+
+    def shed_rate(self) -> tuple[float, float]:
+        """Over the last minute: deliveries shed per second, and their share of all arrivals."""
+        now = int(self.clock())
+        recent = [s for s in self._seconds if now - s[2] < 60]
+        admitted = sum(s[0] for s in recent)
+        shed = sum(s[1] for s in recent)
+        return shed / 60.0, (shed / (shed + admitted) if shed else 0.0)
 
 
 _DETAILS = {

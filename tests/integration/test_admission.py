@@ -12,7 +12,9 @@ import asyncio
 from collections import Counter
 from typing import Any
 
+import httpx
 import orjson
+import pytest
 
 from receiver import Connection, Event, PostgresStore, Provider, Receiver
 from tests.support import EFFECTS_DDL, PROVIDER, SECRET, body_of, effects, query, signed
@@ -110,6 +112,15 @@ async def test_past_the_bound_a_delivery_is_shed_before_it_claims_anything(
             {"provider": PROVIDER, "outcome": "shed", "reason": "overloaded"},
         )
         assert metric == COPIES - BOUND
+        # This process's shed rate, on the console's overview.
+        per_second, share = rx.admission.shed_rate()
+        assert per_second == pytest.approx((COPIES - BOUND) / 60)
+        assert share == pytest.approx((COPIES - BOUND) / COPIES)
+        transport = httpx.ASGITransport(app=rx.console())
+        async with httpx.AsyncClient(transport=transport, base_url="http://console") as client:
+            page = (await client.get("/")).text
+        assert "Shed under load" in page
+        assert f"{per_second:.1f}/s · {share:.0%}" in page
 
         gate.set()
         for i, t in enumerate(tasks):
