@@ -124,6 +124,26 @@ async def test_two_runners_never_run_a_delivery_twice(rx: Receiver, store: Store
     assert await bulkapp.runs(store) == {f"s{n:03d}": 1 for n in range(40)}
 
 
+async def test_many_clicks_at_once_make_one_job(rx: Receiver, store: Store) -> None:
+    """The same confirmation sent eight times at once (a double click, a retried request, two
+    tabs): one job, one snapshot, one audit row."""
+    await bulkapp.fail_many(rx, "shop", [f"s{n}" for n in range(10)])
+    gate = asyncio.Event()
+
+    async def click() -> int:
+        await gate.wait()
+        return await bulk.create(store, "ada", bulk.Filter(), "10", "why", "same-form-id", 50)
+
+    tasks = [asyncio.create_task(click()) for _ in range(8)]
+    gate.set()
+    made = await asyncio.gather(*tasks)
+    assert len(set(made)) == 1
+    assert await jobs(store) == 1
+    async with store.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM receiver_bulk_items") == 10
+    assert len(await audit_rows(store)) == 1
+
+
 async def test_an_interrupted_job_is_judged_item_by_item(rx: Receiver, store: Store) -> None:
     """What a crash leaves, for each kind of item, and what the next runner makes of it."""
     ids = ["never", "ran", "ran_failed", "running", "moved"]
