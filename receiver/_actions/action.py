@@ -9,6 +9,7 @@ another request is a conflict, never a second write.
 
 from __future__ import annotations
 
+import decimal
 import hashlib
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -96,7 +97,8 @@ def downstream_key(key: str) -> str:
 
 def fingerprint(request: Mapping[str, Any], volatile: Iterable[str] = ()) -> bytes:
     """sha256 of the normalized request: sorted keys, trimmed strings, volatile fields (names,
-    or dotted paths such as ``"meta.generated_at"``) dropped."""
+    or dotted paths such as ``"meta.generated_at"``) dropped, and numbers by their decimal value
+    (``1200`` and ``1200.0`` are one number, as in a webhook payload's fingerprint)."""
     dropped = [tuple(v.split(".")) for v in volatile]
     try:
         text = orjson.dumps(_normalize(request, dropped, ()), option=orjson.OPT_SORT_KEYS)
@@ -116,6 +118,11 @@ def _normalize(value: Any, dropped: list[tuple[str, ...]], path: tuple[str, ...]
         }
     if isinstance(value, list | tuple):
         return [_normalize(v, dropped, path) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        # A float's value is the decimal its shortest text gives back (what the JSON it was read
+        # from said); an integral one is that integer, where a 64-bit integer holds it.
+        number = int(value) if abs(value) <= 2**53 else int(decimal.Decimal(repr(value)))
+        return number if -(2**63) <= number < 2**64 else value
     return value
 
 

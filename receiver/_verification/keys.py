@@ -27,18 +27,24 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
+from starlette.datastructures import Headers
 
 from .._exceptions import ConfigurationError, MalformedRequest
 from .payload import _form
 from .verifier import VerifiedDelivery, Verifier
 
-if TYPE_CHECKING:
-    from starlette.datastructures import Headers
-
-__all__ = ["DedupKey", "KeySource", "KeyedVerifier", "VerifiedBody", "dedup_key", "key_from_parts"]
+__all__ = [
+    "DedupKey",
+    "KeySource",
+    "KeyedVerifier",
+    "VerifiedBody",
+    "dedup_key",
+    "key_from_parts",
+    "key_of",
+]
 
 # What the ledger and the other schemes accept as an id: visible ASCII, at most 255 characters.
 _READABLE = re.compile(r"[\x21-\x7b\x7d\x7e]{1,255}")  # no "|" inside a part
@@ -190,7 +196,13 @@ class KeyedVerifier:
     def verify(self, headers: Headers, body: bytes, now: float) -> VerifiedDelivery:
         verified = self.inner.verify(headers, body, now)  # the signature first, always
         made = self.key.key(verified, body, headers)
-        return VerifiedDelivery(made, verified.timestamp, verified.event_type)
+        return VerifiedDelivery(made, verified.timestamp, verified.event_type, verified.hint)
+
+    def key_of(self, body: bytes, sender_id: str) -> str:
+        """The key of a delivery the caller vouches for: the scheme's, then the dedup key made
+        from it and the body (a key function sees no headers: there were none)."""
+        inner = VerifiedDelivery(key_of(self.inner, body, sender_id), None)
+        return self.key.key(inner, body, Headers())
 
     @property
     def stop_retry(self) -> tuple[tuple[str, str], ...]:
@@ -198,6 +210,20 @@ class KeyedVerifier:
 
     def __repr__(self) -> str:
         return f"{self.inner!r} keyed by {self.key.describe()}"
+
+
+def key_of(verifier: Verifier, body: bytes, sender_id: str) -> str:
+    """The ledger key a live delivery of ``body`` gets from ``verifier``, for a delivery that
+    did not come through it (``Receiver.enqueue_many``): every scheme keys on what its sender
+    signs, so the body decides, as it did live. A verifier of the user's own that cannot say
+    (no ``key_of``) keys on ``sender_id``, its delivery id."""
+    method = getattr(verifier, "key_of", None)
+    if method is None:
+        return sender_id
+    key = method(body, sender_id)
+    if not isinstance(key, str) or _KEY.fullmatch(key) is None:
+        raise MalformedRequest("dedup_key", "the key is not 1-255 visible ASCII")
+    return key
 
 
 def stop_retry_of(verifier: object) -> tuple[tuple[str, str], ...]:

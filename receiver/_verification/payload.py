@@ -5,11 +5,12 @@ whether a redelivery is the same event (replay) or another one under a reused ke
 must tell every two distinct payloads apart and none of a payload's re-serialisations. The
 webhook path and the Idempotency-Key middleware share it (:func:`normalized`).
 
-The rule for numbers: two numbers are the same when their exact decimal values are equal and
-both are integers (``1``, ``-7``) or both are written with a fraction or an exponent (``1.0``,
-``1.00`` and ``10e-1`` are one number; ``1`` and ``1.0`` are two, as they are to most typed
-consumers); a negative zero keeps its sign. ``10000000000000001.0`` and ``10000000000000000.0``
-are two numbers, though a double cannot tell them apart.
+The rule for numbers: two numbers are the same when their exact decimal values are equal,
+however they are written (``1200``, ``1200.0``, ``1.2e3`` and ``12e2`` are one number; so are
+``0``, ``-0`` and ``0.0``: a JSON client in one language retries what a client in another sent),
+and different otherwise: ``10000000000000001.0`` and ``10000000000000000.0`` are two numbers,
+though a double cannot tell them apart. A number with an integral value is written as an
+integer in the normalized form, every other one as the shortest text that gives it back.
 
 The fast parser (orjson) reads numbers as 64-bit integers and doubles. That is exact for every
 integer of up to 19 digits and for every number with at most 15 significant digits and an
@@ -67,6 +68,17 @@ _SHAPE = bytes(
 _INEXACT = (b"0" * 16, b"0e000", b"0e-000")
 
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+# An integral value of more digits is compared by its canonical text (``1e5000``) instead of
+# being expanded into an integer: a short body must not cost a huge one's work.
+_MAX_INT_DIGITS = 1000
+_BIG = 10**_MAX_INT_DIGITS
+# The fast path's normalized form, for a look at its floats: digits become "0", every byte that
+# cannot be part of a number a space. A float with an integral value is written "1200.0" or,
+# from 1e16 up, "1e+16": ".0 " or "e+" (strings that look so only cost a walk of the payload).
+_FLOATS = bytes(
+    0x30 if 0x30 <= byte <= 0x39 else byte if byte in (0x2E, 0x65, 0x2B) else 0x20
+    for byte in range(256)
+)
 
 # Prefix the exact forms of payloads no fast-path form can equal (those never hold such
 # numbers): integers beyond 64 bits (kept from earlier releases, so that receipts stored by
@@ -75,7 +87,7 @@ _BIG_INT_DOMAIN = b"receiver:exact-json:"
 _DECIMAL_DOMAIN = b"receiver:exact-decimal:"
 _FORM_DOMAIN = b"receiver:form:"
 # A sender's per-attempt field inside the signed body (Linear): not part of the event.
-_ATTEMPT_FIELD = "webhookTimestamp"
+ATTEMPT_FIELD = "webhookTimestamp"
 _MAX_FORM_FIELDS = 1000
 
 #: The deepest nesting a payload may have (orjson's serializer refuses deeper ones).
@@ -99,7 +111,7 @@ def parse(body: bytes, event_type: str | None) -> Parsed:
     insignificant whitespace, numbers by the rule above), so a re-serialized redelivery still
     matches its receipt."""
     try:
-        payload, normalized_form = normalized(body, attempt_field=_ATTEMPT_FIELD)
+        payload, normalized_form = normalized(body, attempt_field=ATTEMPT_FIELD)
     except NotJSON as exc:
         form = _form(body) if event_type is not None else None
         if form is None:
@@ -165,9 +177,39 @@ def normalized(body: bytes, *, attempt_field: str | None = None) -> tuple[Any, b
             # orjson accepted it, so it is strict JSON: read it again with exact numbers.
             exact = json.loads(body, parse_float=decimal.Decimal)
             return json.loads(body), _exact(_without(exact, attempt_field))
-        return payload, orjson.dumps(_without(payload, attempt_field), option=orjson.OPT_SORT_KEYS)
+        kept = _without(payload, attempt_field)
+        form = orjson.dumps(kept, option=orjson.OPT_SORT_KEYS)
+        look = form.translate(_FLOATS)
+        if b".0 " in look or look.endswith(b".0") or b"e+" in look:
+            try:
+                form = orjson.dumps(_integral_floats(kept), option=orjson.OPT_SORT_KEYS)
+            except _BeyondInt:  # an integral value past 64 bits: the exact path says it
+                exact = json.loads(body, parse_float=decimal.Decimal)
+                return payload, _exact(_without(exact, attempt_field))
+        return payload, form
     except (orjson.JSONEncodeError, RecursionError):
         raise NotJSON(f"the payload is nested deeper than {MAX_DEPTH} levels") from None
+
+
+class _BeyondInt(Exception):
+    """A float of the fast path holds an integral value beyond a 64-bit integer."""
+
+
+def _integral_floats(value: Any) -> Any:
+    """The fast path's payload with each float of integral value as that integer (a float here
+    came from a decimal of at most 15 significant digits, which its shortest text gives back)."""
+    if isinstance(value, float):
+        if not value.is_integer():
+            return value
+        number = int(value) if abs(value) <= 2**53 else int(decimal.Decimal(repr(value)))
+        if not _INT_MIN <= number <= _INT_MAX:
+            raise _BeyondInt
+        return number
+    if isinstance(value, dict):
+        return {k: _integral_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral_floats(v) for v in value]
+    return value
 
 
 def _exact(payload: Any) -> bytes:
@@ -184,13 +226,20 @@ def _exact(payload: Any) -> bytes:
 
 
 def _doubles(value: Any, depth: int, inexact: list[bool]) -> Any:
-    """Decimals a double holds exactly become floats (as the fast path reads them); the others
-    become their canonical text, marked. Appends to ``inexact`` when it meets one."""
+    """Integral values become integers, other decimals a double holds exactly floats (as the
+    fast path reads them); the rest become their canonical text, marked. Appends to
+    ``inexact`` when it meets one."""
     if isinstance(value, decimal.Decimal):
+        integral = _integral(value)
+        if integral is not None:
+            return integral
         if _fits_double(value):
             return float(value)
         inexact.append(True)
         return _Exact(_canonical(value))
+    if isinstance(value, int) and not isinstance(value, bool) and not -_BIG < value < _BIG:
+        inexact.append(True)
+        return _Exact(_canonical(decimal.Decimal(value)))
     if isinstance(value, dict | list) and depth >= MAX_DEPTH:
         raise RecursionError("nested too deep")  # as deep as orjson refuses
     if isinstance(value, dict):
@@ -216,6 +265,23 @@ def _fragments(value: Any) -> Any:
     if isinstance(value, list):
         return [_fragments(v) for v in value]
     return value
+
+
+def _integral(value: decimal.Decimal) -> int | None:
+    """The integer a finite decimal of integral value equals (of at most 1000 digits), else
+    None. Read from its digits: no context precision can round it."""
+    if not value.is_finite():
+        return None
+    sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)
+    if exponent < 0:
+        if any(digits[exponent:]):
+            return None
+        digits, exponent = digits[:exponent], 0
+    if len(digits) + exponent > _MAX_INT_DIGITS:
+        return None
+    number = int("".join(map(str, digits)) or "0") * int(10**exponent)
+    return -number if sign else number
 
 
 def _fits_double(value: decimal.Decimal) -> bool:

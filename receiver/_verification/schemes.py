@@ -14,11 +14,14 @@ HMAC-SHA256 under a shared secret, given as ``str`` (its UTF-8 bytes are the key
     Shopify  X-Shopify-Hmac-Sha256: <base64>            body
     Slack    X-Slack-Signature: v0=<hex>                b"v0:{ts}:" + body
 
-    scheme   id                    event type                      timestamp (unix seconds)
+    scheme   id (the ledger key)   event type                      timestamp (unix seconds)
     Stripe   body "id"             None: the body's "type"         t, within tolerance
-    GitHub   X-GitHub-Delivery     X-GitHub-Event[.body "action"]  None
-    Shopify  X-Shopify-Webhook-Id  X-Shopify-Topic                 X-Shopify-Triggered-At, unchecked
+    GitHub   sha256 of the body    X-GitHub-Event[.body "action"]  None
+    Shopify  sha256 of the body    X-Shopify-Topic                 X-Shopify-Triggered-At, unchecked
     Slack    body "event_id"       body event.type, else "type"    X-Slack-Request-Timestamp, idem
+
+The rule for every scheme: the ledger key comes from what the sender signs, so that a captured
+delivery re-sent with headers of the replayer's choosing always lands on the key it had.
 
 Stripe (https://docs.stripe.com/webhooks#verify-manually; the SDK's ``stripe.WebhookSignature``):
 the key is the whole ``whsec_...`` endpoint secret as text; unlike Standard Webhooks' ``whsec_``
@@ -31,16 +34,18 @@ duplicate events"); it is read from the body after the signature verifies.
 
 GitHub (https://docs.github.com/en/webhooks/using-webhooks/validating-webhook-deliveries and
 https://docs.github.com/en/webhooks/webhook-events-and-payloads#delivery-headers): the legacy
-SHA-1 ``X-Hub-Signature`` is never accepted. ``X-GitHub-Delivery`` identifies the event and is
-kept on redelivery. The event type is ``X-GitHub-Event``, plus ``"." + action`` when the JSON
-body has a string ``"action"`` (``"issues.opened"``), so ``"issues.*"`` patterns work. Configure
-the webhook's content type as ``application/json``: a form-encoded body (``Content-Type:
-application/x-www-form-urlencoded``) verifies, then is refused with 400 ``content_type``.
+SHA-1 ``X-Hub-Signature`` is never accepted. The signature covers the body only, so the key
+is the body's SHA-256: a redelivery resends the same bytes, and ``X-GitHub-Delivery``, which
+anyone can rewrite, is only the delivery's hint (logs, drift alerts). The event type is
+``X-GitHub-Event``, plus ``"." + action`` when the JSON body has a string ``"action"``
+(``"issues.opened"``), so ``"issues.*"`` patterns work. Configure the webhook's content type
+as ``application/json``: a form-encoded body (``Content-Type: application/x-www-form-urlencoded``)
+verifies, then is refused with 400 ``content_type``.
 
 Shopify (https://shopify.dev/docs/apps/build/webhooks/verify-deliveries and .../delivery-structure):
-the key is the app's client secret. The id is ``X-Shopify-Webhook-Id``, which the current
-"Verify webhook deliveries" page names as the key for ignoring duplicates (an older page named
-``X-Shopify-Event-Id``; that one is shared by every subscription to the event). The type is the
+the key is the app's client secret. The signature covers the body only, so the ledger key is
+the body's SHA-256 (a retry resends the same bytes); ``X-Shopify-Webhook-Id``, which Shopify
+keeps across its retries but does not sign, is only the delivery's hint. The type is the
 topic as sent, ``"orders/create"``: handler patterns are prefixes ending in ``".*"``, so register
 exact topics or ``"*"``. ``X-Shopify-Triggered-At`` becomes the timestamp when it parses as
 ISO-8601 with an offset; it is not signed, so it is never a reason to refuse a delivery.
@@ -54,8 +59,10 @@ delivery: register ``rx.on("url_verification", provider=...)`` returning
 verifies, then is refused with 400 ``event_id``: they are not Events API deliveries.
 
 Caveat for GitHub and Shopify: their signatures cover the body only, not the id or type headers.
-Someone who captured a delivery can replay it under a new id (it would run again) or another
-type. Serve them over TLS only; the "distinct webhook-ids per payload hash" metric shows it.
+Someone who captured a delivery can re-send it under any delivery id: it lands on the key it
+had and is answered from the ledger. They can also re-send it under another type header, which
+lands on the same key too (two deliveries with byte-identical bodies are one event, whatever
+their types say). Serve them over TLS only.
 
 Verification is total, as in :mod:`receiver._verification.verifier`: for any headers and body,
 ``verify``
@@ -102,6 +109,7 @@ __all__ = [
     "Shopify",
     "Slack",
     "Stripe",
+    "body_key",
     "sign_github",
     "sign_shopify",
     "sign_slack",
@@ -210,6 +218,20 @@ def _json_object(body: bytes) -> dict[str, Any] | None:
     return payload if isinstance(payload, dict) else None
 
 
+def body_key(body: bytes) -> str:
+    """The ledger key of a scheme that signs the body alone: ``"sha256:"`` and its hex digest."""
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def _hint(headers: Headers, name: str) -> str | None:
+    """An unsigned id header, as a hint only: its one value if it is 1-255 visible ASCII, else
+    None (it decides nothing, so a bad one is not a reason to refuse the delivery)."""
+    values = headers.getlist(name)
+    if len(values) != 1 or _TOKEN.fullmatch(values[0]) is None:
+        return None
+    return values[0]
+
+
 def _iso_seconds(values: list[str]) -> int | None:
     """Unix seconds of one ISO-8601 value with an offset, else None (never an error)."""
     if len(values) != 1 or len(values[0]) > 64:
@@ -310,14 +332,17 @@ class Stripe(_TimedScheme):
             raise MalformedRequest("signature", "Stripe-Signature lists too many signatures")
         self._check_time(timestamp, now)
         self._verify(given, stamp.encode("ascii"), b".", body)
+        return VerifiedDelivery(self.key_of(body, ""), timestamp)
 
+    def key_of(self, body: bytes, sender_id: str) -> str:
+        """The ledger key: the signed body's event ``"id"`` (``sender_id`` is not used)."""
         payload = _json_object(body)
         event_id = None if payload is None else payload.get("id")
         if not isinstance(event_id, str) or _TOKEN.fullmatch(event_id) is None:
             raise MalformedRequest(
                 "event_id", 'the body must be a JSON object with a string "id" (1-255 ASCII)'
             )
-        return VerifiedDelivery(event_id, timestamp)
+        return event_id
 
 
 class GitHub(_HmacScheme):
@@ -327,9 +352,7 @@ class GitHub(_HmacScheme):
 
     def verify(self, headers: Headers, body: bytes, now: float) -> VerifiedDelivery:
         value = _header(headers, "x-hub-signature-256", "signature")
-        delivery = _header(headers, "x-github-delivery", "webhook_id")
         event = _header(headers, "x-github-event", "event_type")
-        _token(delivery, "webhook_id", "X-GitHub-Delivery")
         _token(event, "event_type", "X-GitHub-Event")
         digest = _hex_digest(value, "sha256=")
         if digest is None:
@@ -350,7 +373,11 @@ class GitHub(_HmacScheme):
         action = None if payload is None else payload.get("action")
         if isinstance(action, str) and action:
             event = _token(f"{event}.{action}", "event_type", 'X-GitHub-Event + "." + action')
-        return VerifiedDelivery(delivery, None, event)
+        return VerifiedDelivery(body_key(body), None, event, _hint(headers, "x-github-delivery"))
+
+    def key_of(self, body: bytes, sender_id: str) -> str:
+        """The ledger key: the SHA-256 of the signed body (``sender_id`` is not used)."""
+        return body_key(body)
 
 
 class Shopify(_HmacScheme):
@@ -360,16 +387,19 @@ class Shopify(_HmacScheme):
 
     def verify(self, headers: Headers, body: bytes, now: float) -> VerifiedDelivery:
         value = _header(headers, "x-shopify-hmac-sha256", "signature")
-        webhook_id = _header(headers, "x-shopify-webhook-id", "webhook_id")
         topic = _header(headers, "x-shopify-topic", "event_type")
-        _token(webhook_id, "webhook_id", "X-Shopify-Webhook-Id")
         _token(topic, "event_type", "X-Shopify-Topic")
         if _B64_32.fullmatch(value) is None:
             raise MalformedRequest("signature", "X-Shopify-Hmac-Sha256 must be base64 of 32 bytes")
         # The regex admits canonical base64 alphabet only, so this cannot raise.
         self._verify((binascii.a2b_base64(value),), body)
         timestamp = _iso_seconds(headers.getlist("x-shopify-triggered-at"))
-        return VerifiedDelivery(webhook_id, timestamp, topic)
+        hint = _hint(headers, "x-shopify-webhook-id")
+        return VerifiedDelivery(body_key(body), timestamp, topic, hint)
+
+    def key_of(self, body: bytes, sender_id: str) -> str:
+        """The ledger key: the SHA-256 of the signed body (``sender_id`` is not used)."""
+        return body_key(body)
 
 
 class Slack(_TimedScheme):
@@ -391,7 +421,15 @@ class Slack(_TimedScheme):
             raise MalformedRequest("signature", "X-Slack-Signature must be v0=<64 hex digits>")
         self._check_time(timestamp, now)
         self._verify((digest,), b"v0:", stamp.encode("ascii"), b":", body)
+        event_id, event_type = self._event(body)
+        return VerifiedDelivery(event_id, timestamp, event_type)
 
+    def key_of(self, body: bytes, sender_id: str) -> str:
+        """The ledger key: the signed body's ``"event_id"`` (``sender_id`` is not used)."""
+        return self._event(body)[0]
+
+    @staticmethod
+    def _event(body: bytes) -> tuple[str, str]:
         payload = _json_object(body)
         if payload is None:
             raise MalformedRequest(
@@ -416,7 +454,7 @@ class Slack(_TimedScheme):
             raise MalformedRequest(
                 "event_id", 'the body must have a string "event_id" (1-255 visible ASCII)'
             )
-        return VerifiedDelivery(event_id, timestamp, event_type)
+        return event_id, event_type
 
 
 # -- signing, for tests and for sending ------------------------------------------------------------

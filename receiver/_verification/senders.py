@@ -7,10 +7,10 @@ its own envelope. Same rules as :mod:`receiver._verification.schemes` (secrets a
     Zoom    x-zm-signature: v0=<hex>              b"v0:{ts}:" + body  x-zm-request-timestamp
     Linear  Linear-Signature: <hex>               body                body "webhookTimestamp" (ms)
 
-    scheme  id                                        event type
+    scheme  id (the ledger key)                       event type
     Paddle  body "event_id" (evt_...)                 body "event_type"
     Zoom    "{event}:{event_ts}:{body digest}"        body "event"
-    Linear  Linear-Delivery                           body "type" [+ "." + "action"]
+    Linear  sha256 of the payload but its timestamp   body "type" [+ "." + "action"]
 
 Paddle (https://developer.paddle.com/webhooks/signature-verification): the header may carry one
 ``h1`` per secret while a secret is rotated; any may match. Paddle's SDKs allow 5 seconds of
@@ -29,10 +29,12 @@ is signed like any event and goes through the ledger; answer it with
 Linear (https://linear.app/developers/webhooks, "Securing webhooks"; the SDK's
 ``LinearWebhookClient.verify``): the signature covers the body only and the timestamp lives in
 the signed body (``webhookTimestamp``, milliseconds), so the signature is checked first and the
-clock after it; the SDK allows one minute either way, which is the default here. The id is the
-``Linear-Delivery`` header; Linear does not say whether a retry keeps it, and the
-"distinct webhook-ids per payload hash" metric shows it if it does not (then configure
-``dedup_key=("type", "action", "data.id", "data.updatedAt")``).
+clock after it; the SDK allows one minute either way, which is the default here. The
+``Linear-Delivery`` header is not signed, so it is only the delivery's hint: the ledger key is
+``"sha256:"`` and the hex SHA-256 of the normalized payload without its ``webhookTimestamp``
+(the one field Linear refreshes on each attempt), the same digest as the payload's fingerprint.
+A retry lands on the key of its first attempt; a capture re-sent under a new
+``Linear-Delivery`` lands there too.
 """
 
 from __future__ import annotations
@@ -43,11 +45,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import MalformedRequest, VerificationError
+from .payload import ATTEMPT_FIELD, NotJSON, normalized
 from .schemes import (
     _TOKEN,
     _digest,
     _header,
     _hex_digest,
+    _hint,
     _json_object,
     _TimedScheme,
     _timestamp,
@@ -108,6 +112,10 @@ class Paddle(_TimedScheme):
         event_id, event_type = _event_fields(body, "event_id", "event_type")
         return VerifiedDelivery(event_id, timestamp, event_type)
 
+    def key_of(self, body: bytes, sender_id: str) -> str:
+        """The ledger key: the signed body's ``"event_id"`` (``sender_id`` is not used)."""
+        return _event_fields(body, "event_id", "event_type")[0]
+
 
 class Zoom(_TimedScheme):
     """Verifies Zoom's ``x-zm-signature``; the id is made from the event (Zoom sends none)."""
@@ -125,7 +133,15 @@ class Zoom(_TimedScheme):
             raise MalformedRequest("signature", "x-zm-signature must be v0=<64 hex digits>")
         self._check_time(timestamp, now)
         self._verify((digest,), b"v0:", stamp.encode("ascii"), b":", body)
+        event_id, event = self._event(body)
+        return VerifiedDelivery(event_id, timestamp, event)
 
+    def key_of(self, body: bytes, sender_id: str) -> str:
+        """The ledger key, made from the signed event (``sender_id`` is not used)."""
+        return self._event(body)[0]
+
+    @staticmethod
+    def _event(body: bytes) -> tuple[str, str]:
         payload = _json_object(body)
         event = None if payload is None else payload.get("event")
         event_ts = None if payload is None else payload.get("event_ts")
@@ -135,7 +151,7 @@ class Zoom(_TimedScheme):
         if isinstance(event_ts, bool) or not isinstance(event_ts, int):
             raise MalformedRequest("event_id", 'the body has no integer "event_ts"')
         event_id = f"{event}:{event_ts}:{hashlib.sha256(body).hexdigest()[:32]}"
-        return VerifiedDelivery(_token(event_id, "event_id", "the Zoom event id"), timestamp, event)
+        return _token(event_id, "event_id", "the Zoom event id"), event
 
     def url_validation(self, payload: Mapping[str, Any]) -> dict[str, str]:
         """The answer to an ``endpoint.url_validation`` event, signed with the first (current)
@@ -150,7 +166,7 @@ class Zoom(_TimedScheme):
 
 
 class Linear(_TimedScheme):
-    """Verifies Linear's ``Linear-Signature``; the id is ``Linear-Delivery``."""
+    """Verifies Linear's ``Linear-Signature``; the id is a digest of the signed payload."""
 
     __slots__ = ()
 
@@ -159,7 +175,6 @@ class Linear(_TimedScheme):
 
     def verify(self, headers: Headers, body: bytes, now: float) -> VerifiedDelivery:
         value = _header(headers, "linear-signature", "signature")
-        delivery = _token(_header(headers, "linear-delivery", "webhook_id"), "webhook_id", "id")
         digest = _hex_digest(value, "")
         if digest is None:
             raise MalformedRequest("signature", "Linear-Signature must be 64 hex digits")
@@ -182,7 +197,17 @@ class Linear(_TimedScheme):
             raise MalformedRequest("event_type", 'the body has no string "type"')
         event_type = f"{kind}.{action}" if isinstance(action, str) and action else kind
         _token(event_type, "event_type", '"type" + "." + "action"')
-        return VerifiedDelivery(delivery, millis // 1000, event_type)
+        hint = _hint(headers, "linear-delivery")
+        return VerifiedDelivery(self.key_of(body, ""), millis // 1000, event_type, hint)
+
+    def key_of(self, body: bytes, sender_id: str) -> str:
+        """The ledger key: the digest of the signed payload without ``webhookTimestamp``
+        (``sender_id`` is not used)."""
+        try:
+            _, form = normalized(body, attempt_field=ATTEMPT_FIELD)
+        except NotJSON:
+            raise MalformedRequest("event_id", "the body is not a JSON payload") from None
+        return "sha256:" + hashlib.sha256(form).hexdigest()
 
 
 # -- signing, for tests and for sending ------------------------------------------------------------

@@ -11,11 +11,15 @@ point all rewrite it), so the verifier is given the URL configured in Twilio's c
 ``url="https://example.com/webhooks/twilio"``. As Twilio's SDKs do, the URL is also tried with
 its default port added or its port removed. Several Auth Tokens (primary, secondary) rotate.
 
-Twilio signs no timestamp: a captured request can be replayed, and only the ledger stops it
-running twice (as for GitHub and Shopify). The id is the ``I-Twilio-Idempotency-Token`` header,
-which Twilio keeps across its retries of one request; without it, ``"{sid}:{status}"`` of the
-call or message (``CallSid``/``MessageSid`` with ``CallStatus``/``MessageStatus``/``SmsStatus``),
-since a status callback is sent once per status. The event type is ``event_type=`` when given,
+Twilio signs no timestamp: a captured request can be re-sent at any later time, and only the
+ledger stops it running twice. So the ledger key comes from what Twilio signs: ``"sha256:"`` and
+the hex SHA-256 of the signed parameters (each name and value, sorted, as signed; the URL is the
+provider's own and adds nothing), or of a JSON body. A genuine retry repeats them; a replayer
+cannot change them without breaking the signature. ``I-Twilio-Idempotency-Token``, which Twilio
+keeps across its retries but does not sign, is only the delivery's hint (logs, drift alerts): a
+capture re-sent under a new token lands on the key it had. Two requests with the same parameters
+are one event (a call's status callback carries its ``CallSid`` and status, a message's its
+``MessageSid``, so distinct events differ). The event type is ``event_type=`` when given,
 else ``"call.<CallStatus>"`` or ``"message.<MessageStatus or SmsStatus>"`` from the
 parameters, else ``"twilio"``; a JSON body's type is read from the body as usual.
 Signatures made with a Webhooks Rule's shared key (``X-Twilio-Webhooks-Signature-Settings``)
@@ -33,14 +37,16 @@ import urllib.parse
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+import orjson
+
 from .._exceptions import ConfigurationError, MalformedRequest, VerificationError
-from .schemes import _TOKEN, _header, _key, _token
+from .schemes import _TOKEN, _header, _hint, _key, _token
 from .verifier import VerifiedDelivery
 
 if TYPE_CHECKING:
     from starlette.datastructures import Headers
 
-__all__ = ["Twilio", "sign_twilio"]
+__all__ = ["Twilio", "sign_twilio", "twilio_key"]
 
 _B64_20 = re.compile(r"[A-Za-z0-9+/]{27}=")  # base64 of a 20-byte SHA-1 digest
 _MAX_FIELDS = 1000
@@ -80,6 +86,13 @@ def _params(body: bytes) -> list[tuple[str, str]]:
 
 def _signed(url: str, params: Iterable[tuple[str, str]]) -> bytes:
     return (url + "".join(name + value for name, value in params)).encode("utf-8")
+
+
+def twilio_key(body: bytes, *, is_json: bool) -> str:
+    """The ledger key of a Twilio request: the digest of what its signature covers besides the
+    provider's URL (the parameters as signed, or a JSON body)."""
+    signed = b"json\x00" + body if is_json else b"form\x00" + _signed("", _params(body))
+    return "sha256:" + hashlib.sha256(signed).hexdigest()
 
 
 def _with_body_hash(url: str, body: bytes) -> str:
@@ -140,35 +153,24 @@ class Twilio:
         ):
             raise VerificationError("signature", "no valid signature for the configured secrets")
         found = dict(params)
-        return VerifiedDelivery(
-            self._id(headers, found), None, self.event_type or self._type(found, is_json)
-        )
+        key = twilio_key(body, is_json=is_json)
+        hint = _hint(headers, "i-twilio-idempotency-token")
+        return VerifiedDelivery(key, None, self.event_type or self._type(found, is_json), hint)
+
+    def key_of(self, body: bytes, sender_id: str) -> str:
+        """The ledger key of a request the caller vouches for (``sender_id`` is not used): a
+        body that is a JSON object is keyed as a JSON request, any other as a form."""
+        try:
+            is_json = isinstance(orjson.loads(body), dict)
+        except orjson.JSONDecodeError:
+            is_json = False
+        return twilio_key(body, is_json=is_json)
 
     @staticmethod
     def _mac(keyed: hmac.HMAC, content: bytes) -> bytes:
         mac = keyed.copy()
         mac.update(content)
         return mac.digest()
-
-    @staticmethod
-    def _id(headers: Headers, params: dict[str, str]) -> str:
-        tokens = headers.getlist("i-twilio-idempotency-token")
-        if len(tokens) > 1:
-            raise MalformedRequest(
-                "duplicate_header:i-twilio-idempotency-token",
-                "I-Twilio-Idempotency-Token sent more than once",
-            )
-        if tokens and tokens[0]:
-            return _token(tokens[0], "webhook_id", "I-Twilio-Idempotency-Token")
-        sid = params.get("CallSid") or params.get("MessageSid") or params.get("SmsSid")
-        status = params.get("CallStatus") or params.get("MessageStatus") or params.get("SmsStatus")
-        if not sid or not status:
-            raise MalformedRequest(
-                "event_id",
-                "no I-Twilio-Idempotency-Token header and no CallSid/MessageSid with a status: "
-                "configure the provider's dedup_key",
-            )
-        return _token(f"{sid}:{status}", "event_id", "the Twilio sid and status")
 
     @staticmethod
     def _type(params: dict[str, str], is_json: bool) -> str | None:

@@ -80,6 +80,9 @@ class VerifiedDelivery:
     timestamp: int | None
     #: Only for schemes that carry the event type in a signed header; None for Standard Webhooks.
     event_type: str | None = None
+    #: The sender's own delivery id where the scheme does not sign it (GitHub, Shopify, Linear,
+    #: Twilio): never the key (a replayer could choose it), only a hint for drift alerts.
+    hint: str | None = None
 
 
 class Verifier(Protocol):
@@ -193,6 +196,11 @@ class StandardWebhooks:
             f"StandardWebhooks(v1_keys={len(self._hmacs)}, v1a_keys={len(self._ed25519)}, "
             f"tolerance={self.tolerance})"
         )
+
+    def key_of(self, body: bytes, sender_id: str) -> str:
+        """The ledger key of a delivery the caller vouches for (``Receiver.enqueue_many``):
+        the webhook-id, which this scheme signs."""
+        return sender_id
 
     def verify(self, headers: Headers, body: bytes, now: float) -> VerifiedDelivery:
         """Verify one delivery against ``now`` (unix seconds); see the module docstring."""

@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from .._exceptions import (
     ConfigurationError,
+    VerificationError,
 )
 from .._ledger.cache import ReplayCache
 from .._ledger.results import Encoder
@@ -29,6 +30,7 @@ from .._ops.sweeper import AUDIT_RETENTION, DEAD_LETTER_RETENTION, Recoverer, ch
 from .._queue.ingest import enqueue_many
 from .._store.base import Store
 from .._store.url import store_from_url
+from .._verification.keys import key_of
 from .admission import DEFAULT_MAX_WAIT, Admission
 from .events import Event
 from .forwarded import TrustedProxies
@@ -284,13 +286,20 @@ class Receiver(Serving):
         replay of events fetched from the provider's API): ``(webhook_id, body)`` pairs, trusted
         as verified (no signature is checked: the caller vouches for them). One statement per
         ``batch`` deliveries. Per delivery, in order: True if it was queued now, False if its
-        webhook-id is already in the ledger (left as it is: run once, whatever the payload) or
+        key is already in the ledger (left as it is: run once, whatever the payload) or
         earlier in ``deliveries``.
 
+        Each delivery gets the key a live delivery of the same body gets: the provider's
+        ``dedup_key`` if it has one, else its scheme's (for Standard Webhooks, the webhook-id
+        given here; for every other scheme, what the sender signs, read from the body: Stripe's
+        event id, a digest of a GitHub body...). So a backfill of events already delivered
+        live finds their receipts and runs nothing twice, whatever ids the caller passes.
+
         Every delivery is checked before anything is written: an unknown provider, a
-        webhook-id that is not 1-255 visible ASCII, or a body that is not a JSON object with a
-        valid ``"type"`` raises ValueError and records nothing. Workers (``receiver worker``,
-        or ``workers=``) run them exactly like queued deliveries, whatever the provider's mode.
+        webhook-id that is not 1-255 visible ASCII, a body the provider's key cannot be made
+        from, or a body that is not a JSON object with a valid ``"type"`` raises ValueError
+        and records nothing. Workers (``receiver worker``, or ``workers=``) run them exactly
+        like queued deliveries, whatever the provider's mode.
         """
         found = self.providers.get(provider)
         if found is None:
@@ -302,7 +311,12 @@ class Receiver(Serving):
                 raise ValueError(f"delivery {n}: the webhook-id must be 1-255 visible ASCII")
             if not isinstance(body, bytes | bytearray):
                 raise ValueError(f"delivery {n}: the body must be bytes")
-            job = self.pipeline._prepare(found, webhook_id, bytes(body), None, self.clock())
+            try:
+                # The key a live delivery of this body gets: one event, one key, whatever path.
+                key = key_of(found.verifier, bytes(body), webhook_id)
+            except VerificationError as exc:
+                raise ValueError(f"delivery {n} ({webhook_id}): no dedup key: {exc}") from None
+            job = self.pipeline._prepare(found, key, bytes(body), None, self.clock())
             if job.parsed.problem is not None:
                 raise ValueError(f"delivery {n} ({webhook_id}): {job.parsed.problem}")
             claims.append(job.claim)

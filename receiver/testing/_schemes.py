@@ -6,16 +6,22 @@ the time of that attempt, as Svix, Stripe and Slack do. Each scheme puts the id 
 where its verifier (receiver/_verification/schemes.py, receiver/_verification/verifier.py)
 reads them:
 
-    scheme             id                           type
+    scheme             id (the ledger key)          type
     standard-webhooks  webhook-id header            body "type"
     stripe             body "id"                    body "type"
-    github             X-GitHub-Delivery            X-GitHub-Event [+ "." + body "action"]
-    shopify            X-Shopify-Webhook-Id         X-Shopify-Topic
+    github             sha256 of the body           X-GitHub-Event [+ "." + body "action"]
+    shopify            sha256 of the body           X-Shopify-Topic
     slack              body "event_id"              body event.type
     paddle             body "event_id"              body "event_type"
     zoom               made from the event          body "event"
-    linear             Linear-Delivery header       body "type" + "." + "action"
-    twilio             I-Twilio-Idempotency-Token   "call.<CallStatus>" / "message.<MessageStatus>"
+    linear             sha256 of the payload        body "type" + "." + "action"
+    twilio             sha256 of the parameters     "call.<CallStatus>" / "message.<MessageStatus>"
+
+GitHub, Shopify, Linear and Twilio also send a delivery id the signature does not cover
+(X-GitHub-Delivery, X-Shopify-Webhook-Id, Linear-Delivery, I-Twilio-Idempotency-Token): the kit
+sends its own id there (``Webhook.sender_id``), and puts it in the body too (as the event's
+``"id"``, or its sid), so that two events with the same data are two bodies, as a real sender's
+are.
 
 Two senders change the body between attempts, as the real ones do: Linear refreshes
 ``webhookTimestamp`` in the signed body on every attempt (the receiver leaves it out of the
@@ -40,13 +46,14 @@ from .._verification.schemes import (
     Shopify,
     Slack,
     Stripe,
+    body_key,
     sign_github,
     sign_shopify,
     sign_slack,
     sign_stripe,
 )
 from .._verification.senders import Linear, Paddle, Zoom, sign_linear, sign_paddle, sign_zoom
-from .._verification.twilio import Twilio, sign_twilio
+from .._verification.twilio import Twilio, sign_twilio, twilio_key
 from .._verification.verifier import StandardWebhooks, Verifier, sign
 
 Headers = list[tuple[str, str]]
@@ -69,9 +76,18 @@ class Webhook:
     """One event as its sender delivers it, every time: the same id, type and body bytes."""
 
     provider: str
+    #: The ledger key the receiver gives it.
     id: str
     type: str
     body: bytes
+    #: The sender's own delivery id, where it sends one the signature does not cover (GitHub,
+    #: Shopify, Linear, Twilio): a header the receiver only logs. Else the same as ``id``.
+    sender_id: str = ""
+
+    @property
+    def delivery_id(self) -> str:
+        """The id header the sender puts on the wire."""
+        return self.sender_id or self.id
 
     def __repr__(self) -> str:  # short: hypothesis prints it in every falsifying example
         return f"Webhook({self.provider}/{self.id} {self.type})"
@@ -85,7 +101,11 @@ def _zoom_id(_: str, body: bytes) -> str:
 
 def _linear_body(id_: str, type_: str, data: Any, created: float) -> bytes:
     kind, _, action = type_.partition(".")
-    payload: dict[str, Any] = {"action": action or "update", "type": kind, "data": data or {}}
+    payload: dict[str, Any] = {
+        "action": action or "update",
+        "type": kind,
+        "data": {"id": id_, **(data or {})},
+    }
     payload["createdAt"] = _iso(created)
     payload["organizationId"] = "kit-organization"
     payload["webhookTimestamp"] = int(created * 1000)
@@ -107,9 +127,10 @@ def _twilio_body(id_: str, type_: str, data: Any, created: float) -> bytes:
     if kind == "call" and status:
         params.setdefault("CallSid", "CA" + id_)
         params["CallStatus"] = status
-    elif kind == "message" and status:
+    else:
         params.setdefault("MessageSid", "SM" + id_)
-        params["MessageStatus"] = status
+        if kind == "message" and status:
+            params["MessageStatus"] = status
     return urllib.parse.urlencode(sorted(params.items())).encode("ascii")
 
 
@@ -130,6 +151,18 @@ def _unchanged(body: bytes, ts: int) -> bytes:
 
 def _own_id(webhook_id: str, body: bytes) -> str:
     return webhook_id
+
+
+def _body_id(_: str, body: bytes) -> str:
+    return body_key(body)
+
+
+def _linear_id(_: str, body: bytes) -> str:
+    return Linear([b"kit"]).key_of(body, "")
+
+
+def _twilio_id(_: str, body: bytes) -> str:
+    return twilio_key(body, is_json=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +192,7 @@ def _standard_headers(w: Webhook, body: bytes, ts: int, secret: str | bytes, url
 
 def _github_body(id_: str, type_: str, data: Any, created: float) -> bytes:
     _, _, action = type_.partition(".")
-    payload = dict(data or {})
+    payload = {"id": id_, **(data or {})}
     if action:
         payload["action"] = action  # GitHub's event header names the kind, the body the action
     return _json(payload)
@@ -168,7 +201,7 @@ def _github_body(id_: str, type_: str, data: Any, created: float) -> bytes:
 def _github_headers(w: Webhook, body: bytes, ts: int, secret: str | bytes, url: str) -> Headers:
     return [
         ("x-hub-signature-256", sign_github(secret, body)),
-        ("x-github-delivery", w.id),
+        ("x-github-delivery", w.delivery_id),
         ("x-github-event", w.type.partition(".")[0]),
     ]
 
@@ -176,7 +209,7 @@ def _github_headers(w: Webhook, body: bytes, ts: int, secret: str | bytes, url: 
 def _shopify_headers(w: Webhook, body: bytes, ts: int, secret: str | bytes, url: str) -> Headers:
     return [
         ("x-shopify-hmac-sha256", sign_shopify(secret, body)),
-        ("x-shopify-webhook-id", w.id),
+        ("x-shopify-webhook-id", w.delivery_id),
         ("x-shopify-topic", w.type),
         ("x-shopify-triggered-at", _iso(ts)),
     ]
@@ -204,8 +237,14 @@ _ALL = {
         ),
         lambda w, b, ts, s, u: [("stripe-signature", sign_stripe(s, ts, b))],
     ),
-    "github": Scheme("github", "gh-", _github_body, _github_headers),
-    "shopify": Scheme("shopify", "shp-", lambda i, t, d, c: _json(d or {}), _shopify_headers),
+    "github": Scheme("github", "gh-", _github_body, _github_headers, id_of=_body_id),
+    "shopify": Scheme(
+        "shopify",
+        "shp-",
+        lambda i, t, d, c: _json({"id": i, **(d or {})}),
+        _shopify_headers,
+        id_of=_body_id,
+    ),
     "slack": Scheme(
         "slack",
         "Ev",
@@ -256,10 +295,11 @@ _ALL.update(
             _linear_body,
             lambda w, b, ts, s, u: [
                 ("linear-signature", sign_linear(s, b)),
-                ("linear-delivery", w.id),
+                ("linear-delivery", w.delivery_id),
                 ("linear-event", w.type.partition(".")[0]),
             ],
             attempt=_linear_attempt,
+            id_of=_linear_id,
         ),
         "twilio": Scheme(
             "twilio",
@@ -270,9 +310,10 @@ _ALL.update(
                     "x-twilio-signature",
                     sign_twilio(s, u, urllib.parse.parse_qsl(b.decode(), keep_blank_values=True)),
                 ),
-                ("i-twilio-idempotency-token", w.id),
+                ("i-twilio-idempotency-token", w.delivery_id),
             ],
             content_type="application/x-www-form-urlencoded",
+            id_of=_twilio_id,
         ),
     }
 )

@@ -166,7 +166,8 @@ class Sender:
         provider's deliveries. Its body is fixed now; every :meth:`send` repeats it."""
         webhook_id = id if id is not None else f"{self.scheme.id_prefix}{next(self._ids):06d}"
         body = self.scheme.body(webhook_id, type, data if data is not None else {}, self.clock())
-        return Webhook(self.provider, self.scheme.id_of(webhook_id, body), type, body)
+        key = self.scheme.id_of(webhook_id, body)
+        return Webhook(self.provider, key, type, body, "" if key == webhook_id else webhook_id)
 
     def headers(self, webhook: Webhook) -> list[tuple[str, str]]:
         """Signed headers for one attempt of ``webhook``, dated now."""

@@ -5,15 +5,26 @@ refused before anything is written, and the workers run each exactly once."""
 from __future__ import annotations
 
 import asyncio
+import collections
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from receiver import Event, Provider, Receiver, Store
+from receiver import Event, Linear, Provider, Receiver, Store, sign_linear
 from receiver._store.base import Connection
 from tests.integration.test_queued import drain
-from tests.support import EFFECTS_DDL, PROVIDER, SECRET, Clock, body_of, effects, receipt_count
+from tests.support import (
+    EFFECTS_DDL,
+    PROVIDER,
+    SECRET,
+    Clock,
+    body_of,
+    effects,
+    receipt_count,
+    signed,
+)
 
 
 def receiver_for(store: Store, clock: Clock) -> tuple[Receiver, list[str]]:
@@ -140,3 +151,52 @@ async def test_inserted_flags_match_the_ledger(
             seen.add(i)
         assert got == expected
         assert await receipt_count(pg_store) == len(seen)
+
+
+async def test_a_backfill_of_delivered_events_runs_each_handler_once(store: Store) -> None:
+    """Events delivered live, then backfilled with the sender's own ids (as fetched from its
+    API): the backfill gets the keys the live path gave them (the provider's dedup key for a
+    keyed provider, the signed body's for GitHub-like schemes), so nothing runs twice."""
+    clock = Clock()
+    store.clock = clock
+    keyed = Provider("keyed", [SECRET], dedup_key="data.order", mode="queued")
+    linear = Provider("linear", verifier=Linear([SECRET]), mode="queued")
+    rx = Receiver(store, [keyed, linear], clock=clock)
+    runs: collections.Counter[str] = collections.Counter()
+
+    @rx.on("*")
+    async def record(event: Event, tx: Connection) -> None:
+        runs[f"{event.provider}/{event.payload['data']['order']}"] += 1
+
+    def linear_body(order: int) -> bytes:
+        payload = {"type": "order.created", "action": "create", "data": {"order": order}}
+        return orjson.dumps({**payload, "webhookTimestamp": int(clock() * 1000)})
+
+    async with rx:
+        for n in range(3):  # live, each under the sender's delivery id
+            body = body_of(order=n)
+            answer = await rx.deliver("keyed", signed(f"msg_{n}", body, timestamp=clock()), body)
+            assert answer.status_code == 202
+            body = linear_body(n)
+            headers = {"linear-signature": sign_linear(SECRET, body), "linear-delivery": f"d{n}"}
+            assert (await rx.deliver("linear", headers, body)).status_code == 202
+        assert await drain(rx, concurrency=4) == {"executed": 6}
+        clock.advance(3600)
+        # The backfill: the same events under the ids the sender gave them, and one new each.
+        backfill = [(f"msg_{n}", body_of(order=n)) for n in range(4)]
+        assert await rx.enqueue_many("keyed", backfill) == [False] * 3 + [True]
+        again = [(f"d{n}", linear_body(n)) for n in range(4)]
+        assert await rx.enqueue_many("linear", again) == [False] * 3 + [True]
+        assert await drain(rx, concurrency=4) == {"executed": 2}
+    assert runs == {f"{p}/{n}": 1 for p in ("keyed", "linear") for n in range(4)}
+
+
+async def test_a_backfill_the_key_cannot_be_made_from_is_refused_whole(store: Store) -> None:
+    clock = Clock()
+    keyed = Provider("keyed", [SECRET], dedup_key="data.order", mode="queued")
+    rx = Receiver(store, [keyed], clock=clock)
+    async with rx:
+        deliveries = [("m1", body_of(order=1)), ("m2", body_of(other=2))]
+        with pytest.raises(ValueError, match=r"delivery 1 \(m2\): no dedup key"):
+            await rx.enqueue_many("keyed", deliveries)
+        assert await receipt_count(store) == 0

@@ -1,18 +1,21 @@
-"""Fingerprints tell numbers apart by their exact value (issue 19, item 4): two JSON documents
-get one fingerprint exactly when they are equal as values under the rule of
-receiver/_verification/payload.py (integers by value; numbers with a fraction or exponent by
-their exact
-decimal value; an integer is never the same as a number with a fraction). Checked for the
-webhook path's payload hash and the Idempotency-Key middleware's fingerprint alike."""
+"""Fingerprints tell numbers apart by their exact decimal value: two JSON documents get one
+fingerprint exactly when they are equal as values under the rule of
+receiver/_verification/payload.py (``1200``, ``1200.0``, ``1.2e3`` and ``12e2`` are one
+number; ``10000000000000001.0`` and ``10000000000000000.0`` are two, beyond a double's
+precision). Checked for the webhook path's payload hash, the Idempotency-Key middleware's
+fingerprint and the action executor's fingerprint alike."""
 
 from __future__ import annotations
 
 import decimal
+import hashlib
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from receiver._actions.action import fingerprint
 from receiver._idempotency.middleware import _fingerprint
 from receiver._verification.payload import parse
 
@@ -20,14 +23,14 @@ D = decimal.Decimal
 
 
 class Number:
-    """A JSON number as the rule sees it: integer or not, and its exact value."""
+    """A JSON number as the rule sees it: its exact value (``integer`` only picks how it is
+    usually written)."""
 
     def __init__(self, integer: bool, value: D) -> None:
         self.integer, self.value = integer, value
 
-    def key(self) -> tuple[Any, ...]:
-        sign = self.value.is_signed() if self.value.is_zero() and not self.integer else None
-        return ("int" if self.integer else "frac", self.value, sign)
+    def key(self) -> D:
+        return self.value  # Decimal equality is exact: D("1.0") == D(1), D("-0") == D(0)
 
     def __repr__(self) -> str:
         return f"Number({self.integer}, {self.value!r})"
@@ -45,8 +48,10 @@ def comparable(doc: Any) -> Any:
 
 
 def render_number(n: Number, style: int) -> str:
-    """One of several texts of the same number: trailing zeros, exponent or plain form."""
-    if n.integer:
+    """One of several texts of the same number: trailing zeros, exponent or plain form, or the
+    integer's own digits for an integral value."""
+    integral = n.value == n.value.to_integral_value() and n.value.adjusted() < 60
+    if integral and (n.integer or style % 4 == 3):
         return str(int(n.value))
     sign, digits, exponent = n.value.as_tuple()
     assert isinstance(exponent, int)
@@ -133,8 +138,8 @@ def middleware_hash(text: str) -> bytes:
 def test_one_fingerprint_exactly_when_equal_as_values(a: Any, b: Any, data: st.DataObject) -> None:
     equal = comparable(a) == comparable(b)
     ta, tb = render(a, data), render(b, data)
-    for fingerprint in (webhook_hash, middleware_hash):
-        assert (fingerprint(ta) == fingerprint(tb)) == equal, (ta, tb, fingerprint.__name__)
+    for hash_of in (webhook_hash, middleware_hash):
+        assert (hash_of(ta) == hash_of(tb)) == equal, (ta, tb, hash_of.__name__)
 
 
 @settings(max_examples=200, deadline=None)
@@ -143,6 +148,47 @@ def test_every_text_of_a_document_has_its_fingerprint(doc: Any, data: st.DataObj
     first, second = render(doc, data), render(doc, data)
     assert webhook_hash(first) == webhook_hash(second), (first, second)
     assert middleware_hash(first) == middleware_hash(second), (first, second)
+
+
+@pytest.mark.parametrize(
+    "spellings",
+    [
+        ["1200", "1200.0", "1.2e3", "12e2", "1.200E+3", "120000e-2", "1200.000000000000000000000"],
+        ["0", "-0", "0.0", "-0.0", "0e5", "-0E-5"],
+        ["18446744073709551615", "18446744073709551615.0", "1.8446744073709551615e19"],
+        ["100000000000000000000", "1e20", "100000000000000000000.000"],
+        ["-9223372036854775809", "-9.223372036854775809e18"],
+        ["0.5", "5e-1", "0.50000000000000000000000"],
+    ],
+)
+def test_every_spelling_of_a_value_is_one_number(spellings: list[str]) -> None:
+    for fingerprint_of in (webhook_hash, middleware_hash):
+        hashes = {fingerprint_of(f'{{"type": "t", "amount": {text}}}') for text in spellings}
+        assert len(hashes) == 1, (spellings, fingerprint_of.__name__)
+
+
+def test_an_idempotency_key_retry_in_another_language_is_the_same_request() -> None:
+    """A JavaScript client retrying a Python client's request writes 1200 for 1200.0."""
+    python, javascript = '{"amount": 1200.0}', '{"amount": 1200}'
+    assert middleware_hash(python) == middleware_hash(javascript)
+    assert middleware_hash(python) != middleware_hash('{"amount": 1200.5}')
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(-(2**53), 2**53), st.floats(allow_nan=False, allow_infinity=False))
+def test_the_executor_compares_numbers_by_value(integer: int, number: float) -> None:
+    assert fingerprint({"n": integer}) == fingerprint({"n": float(integer)})
+    assert fingerprint({"n": [integer]}) == fingerprint({"n": [float(integer)]})
+    exact = D(repr(number))  # the decimal the float's text says
+    if exact == exact.to_integral_value() and abs(exact) < 2**63:
+        assert fingerprint({"n": number}) == fingerprint({"n": int(exact)})
+    assert (fingerprint({"n": number}) == fingerprint({"n": integer})) == (exact == integer)
+
+
+def test_the_executor_keeps_numbers_beyond_a_double_apart() -> None:
+    big = 2**53 + 1
+    assert fingerprint({"n": big}) != fingerprint({"n": float(big)})  # 2**53: another value
+    assert fingerprint({"n": True}) != fingerprint({"n": 1})
 
 
 def test_the_issues_amounts_are_two_amounts() -> None:
@@ -154,9 +200,8 @@ def test_the_issues_amounts_are_two_amounts() -> None:
 
 def test_fingerprints_of_ordinary_payloads_did_not_change() -> None:
     """Receipts stored before this rule still match their redeliveries: an ordinary payload's
-    hash is the sorted orjson form it always was."""
-    import hashlib
-
+    hash (no number written with a fraction that has an integral value) is the sorted orjson
+    form it always was."""
     body = b'{"type":"invoice.paid","amount":12.5,"id":820982911946154508,"n":1}'
     expected = hashlib.sha256(
         b'{"amount":12.5,"id":820982911946154508,"n":1,"type":"invoice.paid"}'

@@ -5,6 +5,7 @@ Unicode; a payload nested too deep is an invalid payload, never an exception."""
 
 from __future__ import annotations
 
+import decimal
 import json
 import random
 from typing import Any
@@ -44,9 +45,19 @@ def event(value: Any) -> dict[str, Any]:
 
 
 def identity(value: Any) -> str:
-    """What makes two payloads the same payload: the exact value, types included (1 and 1.0
-    and True differ, -0.0 and 0.0 differ), keys in any order."""
-    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+    """What makes two payloads the same payload: the exact value, numbers by their decimal
+    value (1 and 1.0 are one number, -0.0 and 0 too; True is not 1), keys in any order."""
+
+    def by_value(v: Any) -> Any:
+        if isinstance(v, float) and v.is_integer():
+            return int(decimal.Decimal(repr(v)))
+        if isinstance(v, dict):
+            return {k: by_value(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [by_value(x) for x in v]
+        return v
+
+    return json.dumps(by_value(value), sort_keys=True, ensure_ascii=False)
 
 
 def reserialized(value: Any, rng: random.Random) -> bytes:

@@ -32,7 +32,7 @@ from receiver._verification.senders import (
     sign_paddle,
     sign_zoom,
 )
-from receiver._verification.twilio import Twilio, sign_twilio, twilio_json_url
+from receiver._verification.twilio import Twilio, sign_twilio, twilio_json_url, twilio_key
 from receiver._verification.verifier import VerifiedDelivery, Verifier
 
 NOW = 1_800_000_000
@@ -101,11 +101,12 @@ def test_twilio_verifies_the_sdk_vectors_including_ports_and_json() -> None:
         body,
         NOW,
     )
-    assert got == VerifiedDelivery("t-1", None, "twilio")
-    # Twilio signed with the default port; the configured URL has none.
+    signed = "".join(name + value for name, value in sorted(TWILIO_PARAMS.items()))
+    key = "sha256:" + hashlib.sha256(b"form\x00" + signed.encode()).hexdigest()
+    assert got == VerifiedDelivery(key, None, "twilio", "t-1")
+    # Twilio signed with the default port; the configured URL has none. No token: same key.
     ported = headers(("x-twilio-signature", TWILIO_PORT_443_SIGNATURE))
-    with pytest.raises(MalformedRequest, match="no I-Twilio-Idempotency-Token"):
-        verifier.verify(ported, body, NOW)  # verified, then no id: CallSid without a status
+    assert verifier.verify(ported, body, NOW) == VerifiedDelivery(key, None, "twilio")
     repeated = form(TWILIO_DUPLICATES)
     got = verifier.verify(
         headers(
@@ -115,28 +116,61 @@ def test_twilio_verifies_the_sdk_vectors_including_ports_and_json() -> None:
         repeated,
         NOW,
     )
-    assert got.webhook_id == "t-2"
+    assert got.webhook_id == twilio_key(repeated, is_json=False) != key
+    assert got.hint == "t-2"
     json_headers = headers(
         ("x-twilio-signature", TWILIO_JSON_SIGNATURE),
         ("i-twilio-idempotency-token", "t-3"),
         ("content-type", "application/json"),
     )
-    assert verifier.verify(json_headers, TWILIO_JSON_BODY, NOW) == VerifiedDelivery("t-3", None)
+    json_key = "sha256:" + hashlib.sha256(b"json\x00" + TWILIO_JSON_BODY).hexdigest()
+    assert verifier.verify(json_headers, TWILIO_JSON_BODY, NOW) == VerifiedDelivery(
+        json_key, None, None, "t-3"
+    )
+    assert verifier.key_of(TWILIO_JSON_BODY, "t-3") == json_key
+    assert verifier.key_of(body, "t-1") == key
     refused(VerificationError, "signature", lambda: verifier.verify(json_headers, b"{}", NOW))
 
 
-def test_twilio_ids_and_types_from_the_parameters() -> None:
+def test_twilio_keys_on_what_it_signs_never_on_the_unsigned_token() -> None:
+    """A captured request re-sent under a new I-Twilio-Idempotency-Token keeps its key; the
+    token is only a hint. Distinct requests (another sid or status) get distinct keys."""
+    url = "https://example.com/webhooks/twilio"
+    verifier = Twilio(["token"], url=url)
+    params = [("MessageSid", "SM1"), ("MessageStatus", "delivered"), ("AccountSid", "AC1")]
+    sig = ("x-twilio-signature", sign_twilio("token", url, params))
+    got = [
+        verifier.verify(headers(sig, ("i-twilio-idempotency-token", t)), form(params), NOW)
+        for t in ("idem-1", "idem-2", "a replayer's choice")
+    ]
+    assert {g.webhook_id for g in got} == {twilio_key(form(params), is_json=False)}
+    assert [g.hint for g in got] == ["idem-1", "idem-2", None]  # a space: no usable hint
+    assert got[0].event_type == "message.delivered"
+    # The parameters' order on the wire is not signed: the same request, the same key.
+    reordered = form(list(reversed(params)))
+    assert verifier.verify(headers(sig), reordered, NOW).webhook_id == got[0].webhook_id
+    keys = {got[0].webhook_id}
+    for other in (
+        [("MessageSid", "SM2"), ("MessageStatus", "delivered"), ("AccountSid", "AC1")],
+        [("MessageSid", "SM1"), ("MessageStatus", "read"), ("AccountSid", "AC1")],
+    ):
+        signed = headers(("x-twilio-signature", sign_twilio("token", url, other)))
+        keys.add(verifier.verify(signed, form(other), NOW).webhook_id)
+    assert len(keys) == 3
+
+
+def test_twilio_types_from_the_parameters() -> None:
     url = "https://example.com/webhooks/twilio"
     verifier = Twilio(["token"], url=url)
     params = [("MessageSid", "SM1"), ("MessageStatus", "delivered"), ("AccountSid", "AC1")]
     sig = sign_twilio("token", url, params)
     got = verifier.verify(headers(("x-twilio-signature", sig)), form(params), NOW)
-    assert got == VerifiedDelivery("SM1:delivered", None, "message.delivered")
+    assert got.event_type == "message.delivered"
     call = [("CallSid", "CA9"), ("CallStatus", "completed")]
     got = verifier.verify(
         headers(("x-twilio-signature", sign_twilio("token", url, call))), form(call), NOW
     )
-    assert got == VerifiedDelivery("CA9:completed", None, "call.completed")
+    assert got.event_type == "call.completed"
     fixed = Twilio(["token"], url=url, event_type="sms.incoming")
     assert fixed.verify(headers(("x-twilio-signature", sig)), form(params), NOW).event_type == (
         "sms.incoming"
@@ -300,7 +334,22 @@ def test_linear_signature_type_and_one_minute_window() -> None:
     signed = headers(
         ("linear-signature", sign_linear(LINEAR_SECRET, body)), ("linear-delivery", "d-1")
     )
-    assert verifier.verify(signed, body, NOW + 59) == VerifiedDelivery("d-1", NOW, "Issue.create")
+    key = verifier.key_of(body, "")
+    assert key.startswith("sha256:")
+    assert verifier.verify(signed, body, NOW + 59) == VerifiedDelivery(
+        key, NOW, "Issue.create", "d-1"
+    )
+    # A capture re-sent under a new Linear-Delivery lands on its key; so does Linear's own retry,
+    # which refreshes webhookTimestamp inside the signed body.
+    resent = headers(
+        ("linear-signature", sign_linear(LINEAR_SECRET, body)), ("linear-delivery", "x")
+    )
+    assert verifier.verify(resent, body, NOW).webhook_id == key
+    retry = linear_body((NOW + 3600) * 1000)
+    retried = headers(("linear-signature", sign_linear(LINEAR_SECRET, retry)))
+    assert verifier.verify(retried, retry, NOW + 3600).webhook_id == key
+    other = body.replace(b"Issue", b"Comment")
+    assert verifier.key_of(other, "") != key
     refused(VerificationError, "timestamp", lambda: verifier.verify(signed, body, NOW + 61))
     refused(VerificationError, "timestamp", lambda: verifier.verify(signed, body, NOW - 61))
     refused(
