@@ -19,6 +19,7 @@ from .._logging import FORMATS
 from .._webhooks.app import DEFAULT_STORE
 from .bulk import add_bulk_arguments
 from .console import add_console_parser, console_command
+from .init import add_init_parser, init_command
 from .loading import DEFAULT_APP
 from .processes import serve, sweep_command, worker_command
 from .proxy import add_proxy_parser, proxy_command
@@ -182,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_console_parser(sub, _add)
     add_proxy_parser(sub, _add)
+    add_init_parser(sub)
 
     send = sub.add_parser("send", help="sign a delivery and POST it, to try the receiver")
     _add(send, "url", "the provider's endpoint", "http://127.0.0.1:8000/demo")
@@ -213,6 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "worker": worker_command,
             "console": console_command,
             "proxy": proxy_command,
+            "init": init_command,
         }[args.command]
         return command(args)
     except ReceiverError as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -84,10 +85,15 @@ class Config:
     _lines: Mapping[tuple[str, ...], int] = field(default_factory=dict, repr=False, compare=False)
 
     def receiver(
-        self, *, store: Store | str | None = None, environ: Mapping[str, str] | None = None
+        self,
+        *,
+        store: Store | str | None = None,
+        environ: Mapping[str, str] | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> Receiver:
         """Build the Receiver: secrets from ``environ`` (default ``os.environ``), then each
-        handler module's ``register(rx)``. ``store`` overrides the file's store."""
+        handler module's ``register(rx)``. ``store`` overrides the file's store; ``clock`` is
+        the Receiver's (a test's fake clock; the real time by default)."""
         env = os.environ if environ is None else environ
         providers = [self._provider(p, env) for p in self.providers]
         registers = [self._register_func(index, spec) for index, spec in enumerate(self.handlers)]
@@ -103,6 +109,7 @@ class Config:
             audit_retention=self.audit_retention,
             max_in_progress=self.max_in_progress,
             max_queue_wait=self.max_queue_wait,
+            clock=time.time if clock is None else clock,
         )
         for index, register in enumerate(registers):
             try:

@@ -119,6 +119,13 @@ CLI = {
         "--store",
         "-h",
     ],
+    "init": [
+        "--force",
+        "--help",
+        "--tool",
+        "-h",
+        "directory",
+    ],
     "inspect": [
         "--help",
         "--principal",

@@ -1,0 +1,61 @@
+"""``receiver init [DIR]``: a small project that runs on the embedded SQLite default, with the
+three tests every receiver needs (receiver/_cli/scaffold.py holds the files)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from .._exceptions import ReceiverError
+from . import scaffold
+
+
+def add_init_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "init", help="write a small project: an app, its configuration and its three tests"
+    )
+    p.add_argument("directory", nargs="?", default=".", help="where (created if missing)")
+    p.add_argument(
+        "--tool",
+        action="store_true",
+        help="an agent's tool run through the action executor, instead of a webhook receiver",
+    )
+    p.add_argument("--force", action="store_true", help="overwrite files that exist")
+
+
+def project_files(name: str, *, tool: bool) -> dict[str, str]:
+    """The files of a new project, by name."""
+    if tool:
+        return {
+            "agent.py": scaffold.AGENT,
+            "test_agent.py": scaffold.TEST_AGENT,
+            "README.md": scaffold.README.format(
+                name=name, option=" --tool", run=scaffold.RUN_AGENT
+            ),
+            "pyproject.toml": scaffold.PYPROJECT,
+        }
+    return {
+        "receiver.toml": scaffold.CONFIG,
+        "orders.py": scaffold.ORDERS.format(),
+        "test_orders.py": scaffold.TEST_ORDERS.format(crash=scaffold.CRASH_INLINE),
+        "README.md": scaffold.README.format(name=name, option="", run=scaffold.RUN_WEBHOOK),
+        "pyproject.toml": scaffold.PYPROJECT,
+    }
+
+
+def init_command(args: argparse.Namespace) -> int:
+    target = Path(args.directory)
+    files = project_files(target.resolve().name or "app", tool=args.tool)
+    existing = [n for n in files if (target / n).exists()]
+    if existing and not args.force:
+        raise ReceiverError(
+            f"{', '.join(existing)} already exist in {target}: choose an empty directory, or "
+            "--force to overwrite them"
+        )
+    target.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (target / name).write_text(text, encoding="utf-8")
+    print(f"receiver: wrote {', '.join(files)} in {target}")
+    print(f"  cd {target} && python -m pytest")
+    return 0

@@ -1,0 +1,87 @@
+"""``receiver init``: the project it writes passes its own three tests right away, on the
+embedded SQLite default and on PostgreSQL (a throwaway database of the test server), for a
+webhook receiver and for an agent's tool; and those tests fail when the handler writes outside
+the ledger's transaction, so they prove something."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.servers import RECEIVER
+
+pytestmark = pytest.mark.slow
+
+OUTSIDE_TX = """\
+        async with rx.store.acquire() as own:  # outside the ledger's transaction: a bug
+            await own.execute(
+                "INSERT INTO orders (id, total) VALUES ($1, $2)", order["id"], order["total"]
+            )
+"""
+INSIDE_TX = """\
+        await tx.execute(
+            "INSERT INTO orders (id, total) VALUES ($1, $2)", order["id"], order["total"]
+        )
+"""
+
+
+def init(directory: Path, *options: str) -> None:
+    made = subprocess.run(
+        [RECEIVER, "init", str(directory), *options], capture_output=True, text=True, check=False
+    )
+    assert made.returncode == 0, made.stderr
+    assert "python -m pytest" in made.stdout
+
+
+def pytest_in(directory: Path, pg_url: str | None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "RECEIVER_"))}
+    if pg_url is not None:
+        env["RECEIVER_TEST_PG_URL"] = pg_url
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=directory,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "option"), [("sqlite", ""), ("postgresql", ""), ("sqlite", "--tool")]
+)
+def test_the_project_passes_its_three_tests(
+    tmp_path: Path, kind: str, option: str, pg_admin_url: str
+) -> None:
+    project = tmp_path / "shop"
+    init(project, *filter(None, [option]))
+    ran = pytest_in(project, pg_admin_url if kind == "postgresql" else None)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "3 passed" in ran.stdout, ran.stdout
+
+
+def test_its_tests_catch_a_handler_writing_outside_tx(tmp_path: Path) -> None:
+    project = tmp_path / "shop"
+    init(project)
+    handlers = project / "orders.py"
+    text = handlers.read_text()
+    assert INSIDE_TX in text
+    handlers.write_text(text.replace(INSIDE_TX, OUTSIDE_TX))
+    ran = pytest_in(project, None)
+    assert ran.returncode == 1, ran.stdout
+    assert "test_a_crash_mid_handler_runs_once_after_recovery FAILED" in ran.stdout or (
+        "FAILED test_orders.py::test_a_crash_mid_handler_runs_once_after_recovery" in ran.stdout
+    ), ran.stdout
+
+
+def test_it_never_overwrites_a_project(tmp_path: Path) -> None:
+    init(tmp_path)
+    again = subprocess.run([RECEIVER, "init", str(tmp_path)], capture_output=True, text=True)
+    assert again.returncode == 2
+    assert "already exist" in again.stderr
+    assert "--force" in again.stderr
