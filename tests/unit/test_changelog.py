@@ -31,7 +31,8 @@ def test_every_public_name_is_in_the_changelog() -> None:
 
 
 def test_every_command_is_in_the_changelog() -> None:
-    missing = [n for n in commands(build_parser()) if f"receiver {n}" not in MENTIONED]
+    said = {" ".join(q.split()[:2]) for q in QUOTED}  # `receiver init [DIR]` names init
+    missing = [n for n in commands(build_parser()) if f"receiver {n}" not in said]
     assert missing == [], f"add these to CHANGELOG.md (## [Unreleased]): {missing}"
 
 
