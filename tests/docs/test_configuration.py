@@ -17,7 +17,7 @@ PAGE = (ROOT / "docs" / "reference" / "configuration.md").read_text()
 
 
 def test_the_quoted_typo_error_is_the_real_one(tmp_path: Path) -> None:
-    example = re.search(r"```toml\n(.*?)```", PAGE, re.S)
+    example = re.search(r"```toml[^\n]*\n(.*?)```", PAGE, re.S)
     assert example, "the page has no TOML example"
     quoted = re.search(r"\$ receiver serve --config receiver\.toml\n\s*(receiver: .*)\n", PAGE)
     assert quoted, "the page quotes no error for the example"

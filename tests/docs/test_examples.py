@@ -20,7 +20,8 @@ from tests.docs.blocks import EXCERPT, ROOT, Block, blocks, pages
 RUNNABLE = {
     page: found
     for page in [ROOT / "README.md", *pages()]
-    if (found := [b for b in blocks(page) if b.lang == "python" and not b.excerpt])
+    if (found := [b for b in blocks(page) if (b.lang == "python" or b.title) and not b.excerpt])
+    and any(b.lang == "python" and not b.title for b in found)  # something to run
 }
 
 
