@@ -23,7 +23,9 @@ otherwise shrink its bound, finish less, shrink it again, and end up refusing wh
 do. A handler that is slow by itself (an external call of a second) raises ``alone`` with it
 and is not taken for a queue.
 
-Past the bound a delivery is answered at once, 503 with ``Retry-After`` (or 429 where the
+Past the bound a delivery waits up to ``max_wait`` for a place (one that finishes hands its
+place to the oldest waiting; at most as many wait as the bound admits); without one in time,
+or with as many already waiting, it is answered 503 with ``Retry-After`` (or 429 where the
 provider asks for it), before it is verified or claims anything: nothing is half done and the
 ledger holds no trace of it, so the sender's retry runs it fresh.
 
@@ -38,7 +40,9 @@ process's own work.
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import contextlib
 import math
 import sys
 import time
@@ -113,6 +117,8 @@ class Admission:
         #: Deliveries shed by this process, by reason (for the console; the metrics count them
         #: per provider).
         self.shed_total = dict.fromkeys(SHED_REASONS, 0)
+        #: Deliveries past the bound waiting for a place, oldest first (at most ``bound``).
+        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
         #: Per whole second of the clock: deliveries admitted and shed (the last minute's).
         self._seconds: collections.deque[list[int]] = collections.deque(maxlen=60)
 
@@ -131,8 +137,33 @@ class Admission:
         return max(self.pool, min(MAX_BOUND, math.floor(fits)))
 
     def full(self) -> bool:
-        """Whether a delivery arriving now would be shed (past the bound)."""
-        return self.enabled and self.in_progress >= self.bound
+        """Whether a delivery arriving now would be shed at once: past the bound, with as many
+        already waiting for a place."""
+        return self.enabled and self.in_progress >= self.bound and len(self._waiting) >= self.bound
+
+    async def admit(self, patience: float) -> Ticket | None:
+        """Admit one delivery, waiting up to ``patience`` seconds for a place when the process
+        is at its bound (the bound on the wait: at most as many wait as the bound admits, the
+        oldest first); None: shed it. Waiting costs nothing but a held connection, where a
+        refusal at once would bring the sender's next request at once."""
+        ticket = self.enter()
+        if ticket is not None or patience <= 0 or len(self._waiting) >= self.bound:
+            return ticket
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        try:
+            async with asyncio.timeout(patience):
+                await asyncio.shield(waiter)
+        except TimeoutError:
+            if not waiter.done():
+                waiter.cancel()
+                with contextlib.suppress(ValueError):
+                    self._waiting.remove(waiter)
+                return None
+        # leave() counted this delivery in when it handed it the place.
+        now = self.clock()
+        self._second(now)[0] += 1
+        return Ticket(now, self.in_progress - 1)
 
     def enter(self) -> Ticket | None:
         """Admit one delivery (a ticket to hand back to :meth:`leave`), or None: past the bound,
@@ -148,6 +179,11 @@ class Admission:
         """The delivery is answered: count it out, and adapt the bound to how long it took."""
         crowd = self.in_progress
         self.in_progress -= 1
+        while self._waiting and self.in_progress < self.bound:
+            waiter = self._waiting.popleft()
+            if not waiter.done():  # hand the place over, counted in now
+                self.in_progress += 1
+                waiter.set_result(None)
         now = self.clock()
         took = max(now - ticket.admitted, 1e-6)
         if ticket.ahead < self.pool and crowd <= self.pool:

@@ -81,7 +81,8 @@ class Receiver(Serving):
     Admission control: at most ``max_in_progress`` deliveries are in progress in this process
     (None: derived from the store's pool size and the measured latency, so that an admitted
     delivery waits about ``max_queue_wait`` seconds at most beyond its own work; 0: no bound).
-    Past it, and for a delivery that has waited past its sender's time limit
+    Past it a delivery waits up to ``max_queue_wait`` for a place; past that, and for a
+    delivery that has waited past its sender's time limit
     (``Provider.timeout``), the answer is 503 with ``Retry-After`` (or the provider's
     ``shed_status``) before anything is claimed: the sender's retry runs it fresh.
     """

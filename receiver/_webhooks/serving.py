@@ -138,7 +138,11 @@ class Serving(Lifecycle):
         waited = 0.0 if arrived is None else started - arrived
         if admission.past_budget(waited, provider.timeout):
             return self._shed(provider, headers, "past_budget", started)
-        ticket = admission.enter()
+        # Past the bound, wait a little for a place (never past the sender's limit).
+        patience = admission.max_wait
+        if provider.timeout is not None:
+            patience = min(patience, provider.timeout - waited - (admission.latency or 0.0))
+        ticket = await admission.admit(patience)
         if ticket is None:
             return self._shed(provider, headers, "overloaded", started)
         try:

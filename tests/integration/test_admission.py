@@ -80,7 +80,7 @@ async def ledger_ids(pg_url: str) -> set[str]:
 async def test_past_the_bound_a_delivery_is_shed_before_it_claims_anything(
     pg_store: PostgresStore, pg_url: str
 ) -> None:
-    rx, calls, gate = held_receiver(pg_store, max_in_progress=BOUND)
+    rx, calls, gate = held_receiver(pg_store, max_in_progress=BOUND, max_queue_wait=0.2)
     deliveries = [delivery(n) for n in range(COPIES)]
     barrier = asyncio.Barrier(COPIES)
 
@@ -92,7 +92,9 @@ async def test_past_the_bound_a_delivery_is_shed_before_it_claims_anything(
         tasks = [asyncio.create_task(one(h, b)) for _, h, b in deliveries]
         # The admitted ones are held in their handler; the shed ones have their answer.
         await calls.entered(BOUND)
-        await asyncio.sleep(0.05)  # any admitted past the bound would be running by now
+        # Past the bound, as many as the bound wait 0.2 s for a place, the rest are answered at
+        # once; none gets a place while the admitted ones are held.
+        await asyncio.sleep(0.5)
         shed = {i for i, t in enumerate(tasks) if t.done()}
         assert len(shed) == COPIES - BOUND
         assert len(calls) == BOUND
@@ -177,3 +179,24 @@ async def test_a_provider_may_ask_for_429_and_a_bound_of_0_admits_everything(
         await calls.entered(1)
         gate.set()
         assert (await first).status_code == (await second).status_code == 200
+
+
+async def test_past_the_bound_a_delivery_waits_briefly_for_a_place(
+    pg_store: PostgresStore, pg_url: str
+) -> None:
+    rx, calls, gate = held_receiver(pg_store, max_in_progress=1, max_queue_wait=5.0)
+    (id1, h1, b1), (id2, h2, b2), (_, h3, b3) = delivery(1), delivery(2), delivery(3)
+    async with rx:
+        first = asyncio.create_task(rx.deliver(PROVIDER, h1, b1))
+        await calls.entered(1)
+        second = asyncio.create_task(rx.deliver(PROVIDER, h2, b2))  # waits for the place
+        await asyncio.sleep(0.1)
+        # One waits (as many as the bound): the next is answered at once, nothing claimed.
+        third = await asyncio.wait_for(rx.deliver(PROVIDER, h3, b3), 1)
+        assert third.status_code == 503
+        assert not second.done()
+        assert await ledger_ids(pg_url) == {id1}
+        gate.set()  # the first finishes and hands its place to the second
+        assert (await first).status_code == (await second).status_code == 200
+    assert calls == Counter({id1: 1, id2: 1})
+    assert rx.admission.in_progress == 0
