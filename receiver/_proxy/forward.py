@@ -193,8 +193,11 @@ async def stream(client: httpx.AsyncClient, scope: Scope, receive: Receive, send
             if not message.get("more_body", False):
                 return
 
+    # The client's Content-Length goes along: the upstream sees the body framed as it was sent
+    # (some refuse chunked request bodies).
+    sized = [(n, v) for n, v in scope["headers"] if n.lower() == b"content-length"][:1]
     request = client.build_request(
-        scope["method"], target(scope), headers=request_headers(scope, ()), content=body()
+        scope["method"], target(scope), headers=request_headers(scope, sized), content=body()
     )
     try:
         response = await client.send(request, stream=True)
@@ -210,8 +213,12 @@ async def stream(client: httpx.AsyncClient, scope: Scope, receive: Receive, send
         await send(
             {"type": "http.response.start", "status": response.status_code, "headers": headers}
         )
-        async for chunk in response.aiter_raw():
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        try:
+            async for chunk in response.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.HTTPError:
+            # The answer has begun: it can only end short, which the client sees as such.
+            return
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     finally:
         await response.aclose()

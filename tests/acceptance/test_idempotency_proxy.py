@@ -364,6 +364,9 @@ def test_headers_streaming_limits_and_metrics(tmp_path: Path) -> None:
         assert "proxy-authorization" not in echoed
         assert echoed["x-forwarded-for"] == "127.0.0.1"
         assert echoed["host"] == f"127.0.0.1:{up.port}"
+        posted = httpx.post(f"{p.url}/echo", content=b"abc").json()  # no key: passed through
+        assert posted["content-length"] == "3"
+        assert "transfer-encoding" not in posted
         with httpx.stream("GET", f"{p.url}/stream") as streamed:
             parts = list(streamed.iter_raw())
         assert b"".join(parts) == b"".join(f"chunk {i}\n".encode() for i in range(5))
