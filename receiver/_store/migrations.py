@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._exceptions import ConfigurationError, SchemaOutdated, StoreUnavailable
+from .._exceptions import ConfigurationError, SchemaOutdated
 from .queries import runner_queries, split_statements
 
 
@@ -246,13 +246,9 @@ async def missing(store: Store) -> list[str]:
 
 
 async def check_current(store: Store) -> None:
-    """Refuse to serve on an older schema. An unreachable store is not refused here: it is
-    answered with 503 until it is back, like any outage."""
-    try:
-        lacking = await missing(store)
-    except StoreUnavailable:
-        logger.warning("could not check the ledger's schema: the store is unavailable")
-        return
+    """Refuse to serve on an older schema (SchemaOutdated). An unreachable store raises
+    StoreUnavailable: the caller answers 503 and checks again before it serves."""
+    lacking = await missing(store)
     if lacking:
         raise SchemaOutdated(
             f"the ledger's schema in {store.url} is older than this version of receiver: "

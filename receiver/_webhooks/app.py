@@ -17,10 +17,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
-from .._exceptions import (
-    ConfigurationError,
-    VerificationError,
-)
+from .._exceptions import ConfigurationError, StoreUnavailable, VerificationError
 from .._ledger.cache import ReplayCache
 from .._ledger.results import Encoder
 from .._logging import get_logger
@@ -146,6 +143,7 @@ class Receiver(Serving):
         #: Startup hooks that met the store down: retried until they have run, and deliveries
         #: are answered 503 meanwhile (a handler must not run before its tables exist).
         self._pending_startup: asyncio.Task[None] | None = None
+        self._not_ready: StoreUnavailable | None = None
         #: Opened by the lifespan, ``async with rx:``, or else the first delivery (a Receiver
         #: mounted where no lifespan reaches it still runs its startup hooks first).
         self._opened = False

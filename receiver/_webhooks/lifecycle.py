@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from .._exceptions import StoreUnavailable
+from .._exceptions import SchemaOutdated, StoreMisconfigured, StoreUnavailable
 from .._logging import get_logger
 from .._ops.health import check_ready
 from .._ops.metrics import Metrics
@@ -38,6 +38,8 @@ class Lifecycle:
     workers: int
     _startup: list[StartupHook]
     _pending_startup: asyncio.Task[None] | None
+    #: Why deliveries are refused while the startup work is pending, when it is not an outage.
+    _not_ready: StoreUnavailable | None
     _opened: bool
     _sweeper: asyncio.Task[None] | None
     _worker: Worker | None
@@ -45,12 +47,19 @@ class Lifecycle:
 
     async def open(self, *, defer_startup: bool = False) -> None:
         """Open the store, check its schema, and run the startup hooks. If the store is
-        unavailable when the hooks run, this raises :class:`~receiver.StoreUnavailable`;
-        with ``defer_startup=True`` (what serving does) the hooks are retried in the
-        background instead, and deliveries are answered 503 until they have run."""
+        unavailable then, this raises :class:`~receiver.StoreUnavailable`; with
+        ``defer_startup=True`` (what serving does) the schema check and the hooks are retried
+        in the background instead, and deliveries are answered 503 until both have passed."""
         await self.store.open()
-        # Never serve on an older schema: fail here, naming the missing migrations.
-        await check_current(self.store)
+        # Never serve on an older schema: fail here, naming the missing migrations. A store
+        # that is down cannot say: the check then runs when it first answers, before the hooks
+        # and before any delivery (it may come back on an older schema).
+        unchecked: StoreUnavailable | None = None
+        try:
+            await check_current(self.store)
+        except StoreUnavailable as exc:
+            get_logger("receiver").warning("could not check the ledger's schema: %s", exc)
+            unchecked = exc
         # Loud at start-up: a missing database, table or privilege, or a read-only standby,
         # would otherwise show only as 503s once deliveries arrive. Serving starts anyway (the
         # answer is then 503, which senders retry), so that fixing the store is enough.
@@ -58,13 +67,18 @@ class Lifecycle:
         if problem is not None:
             get_logger("receiver").error("ALERT: the store is not ready: %s", problem)
         try:
+            if unchecked is not None:
+                raise unchecked
             await self._run_startup_hooks()
         except StoreUnavailable as exc:
-            if not defer_startup:
+            # Without hooks, an unchecked schema is no reason to refuse to open: deliveries
+            # wait for the check (503), as they would for the store.
+            if not defer_startup and (unchecked is None or self._startup):
                 raise
+            self._not_ready = exc
             get_logger("receiver").error(
-                "ALERT: the startup hooks could not run, the store is unavailable (%s); "
-                "deliveries are answered 503 until they have run",
+                "ALERT: the schema check and the startup hooks could not run, the store is "
+                "unavailable (%s); deliveries are answered 503 until they have run",
                 exc,
             )
             self._pending_startup = asyncio.create_task(
@@ -81,18 +95,31 @@ class Lifecycle:
     async def _retry_startup_hooks(self) -> None:
         logger = get_logger("receiver")
         delay = 0.25
+        checked = False
         while True:
             await asyncio.sleep(delay)
             try:
+                if not checked:
+                    await check_current(self.store)
+                    checked = True
                 await self._run_startup_hooks()
             except StoreUnavailable as exc:
+                self._not_ready = exc  # what deliveries are answered with meanwhile
                 logger.warning("startup hooks: store unavailable (%s); retry in %.1f s", exc, delay)
+            except SchemaOutdated as exc:
+                # Back, but older than this version: never serve on it. Retried, so that a
+                # `receiver migrate` run meanwhile is enough.
+                self._not_ready = StoreMisconfigured(str(exc))
+                logger.error("ALERT: %s; deliveries are answered 503", exc)
+                delay = 5.0
+                continue
             except Exception:
                 # A hook's own bug: loud, and retried slowly (its fix may be in the database).
                 logger.exception("ALERT: a startup hook failed; deliveries are answered 503")
                 delay = 30.0
             else:
                 logger.info("startup hooks ran; serving deliveries")
+                self._not_ready = None
                 self._pending_startup = None
                 return
             delay = min(delay * 2, 5.0) if delay < 30.0 else delay
@@ -116,7 +143,7 @@ class Lifecycle:
         try:
             if self.sweep_interval is not None:
                 self._sweeper = asyncio.create_task(
-                    sweep_forever(self.sweep, self.sweep_interval), name="receiver-sweeper"
+                    self._run_sweeper(self.sweep_interval), name="receiver-sweeper"
                 )
             if self.workers:
                 self._start_workers()
@@ -147,9 +174,20 @@ class Lifecycle:
 
     async def _run_worker(self, worker: Worker) -> None:
         # Queued handlers must not run before the startup hooks (their tables) either.
+        await self._started()
+        await worker.run()
+
+    async def _run_sweeper(self, interval: float) -> None:
+        # The sweeper recovers stale receipts with their handlers: not before the startup
+        # hooks have made their tables (nor on a schema not yet checked).
+        await self._started()
+        await sweep_forever(self.sweep, interval)
+
+    async def _started(self) -> None:
+        """Wait for the startup work deferred by an outage (shielded: a background task that
+        stops waiting must not cancel it for everyone)."""
         if self._pending_startup is not None:
             await asyncio.shield(self._pending_startup)
-        await worker.run()
 
     async def _stop_workers(self) -> None:
         if self._worker is not None and self._worker_task is not None:

@@ -131,7 +131,7 @@ class Serving(Lifecycle):
             if refused is not None:
                 return self.pipeline.unavailable(provider.name, headers, refused)
         if self._pending_startup is not None:
-            starting = StoreUnavailable("the startup hooks have not run yet")
+            starting = self._not_ready or StoreUnavailable("the startup hooks have not run yet")
             return self.pipeline.unavailable(provider.name, headers, starting)
         admission = self.admission
         started = admission.clock()

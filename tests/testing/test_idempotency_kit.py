@@ -240,10 +240,12 @@ async def test_a_reserialized_body_is_the_same_request(kit_stores: TestStores) -
         # The middleware compares JSON normalized: key order, whitespace and escapes are
         # not the request.
         assert_replayed(first, [await client.send(o) for o in others])
-        # Numbers are: 1200 and 1200.0 (a client that writes every number as a float)
-        # are another request, refused with 422 and nothing run.
+        # Numbers by their value: 1200.0 (a client that writes every number as a float) is
+        # the same request; 1200.5 is another, refused with 422 and nothing run.
         floats = client.request("/payments", {**CALLS[0][2], "amount": 1200.0}, key=pay.key)
-        refused = await client.send(floats)
+        assert_replayed(first, [await client.send(floats)])
+        other = client.request("/payments", {**CALLS[0][2], "amount": 1200.5}, key=pay.key)
+        refused = await client.send(other)
         assert (refused.outcome, refused.status) == ("mismatch", 422), refused
         await assert_count(store, 1, PAYMENTS, pay.key)
 
