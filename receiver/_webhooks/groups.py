@@ -238,10 +238,22 @@ def _may_share(job: Job) -> bool:
     return job.parsed.problem is None and may_share(job.handlers)
 
 
-def _aborted_before(exc: Exception) -> bool:
+def _aborted_before(exc: BaseException) -> bool:
     """Whether a statement failed because the transaction was already aborted (SQLSTATE 25P02):
-    an earlier member swallowed a database error, so this member's failure is not its own."""
-    return getattr(exc, "sqlstate", None) == "25P02"
+    an earlier member swallowed a database error, so this member's failure is not its own.
+    The whole chain is read (``__cause__`` and ``__context__``): a handler that wraps the
+    driver's error in its own (``raise MyError(...) from exc``) did not cause it either."""
+    seen: set[int] = set()
+    pending: list[BaseException] = [exc]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue  # a cycle of causes
+        seen.add(id(current))
+        if getattr(current, "sqlstate", None) == "25P02":
+            return True
+        pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+    return False
 
 
 def _executed(fence: int) -> Reply:

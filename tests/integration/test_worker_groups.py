@@ -47,7 +47,15 @@ def _receiver(store: PostgresStore, clock: Clock, state: dict[str, Any]) -> Rece
         if event.id in state["signals"]:
             state["signals"][event.id].set()
         # The transaction this delivery's writes commit in.
-        xid = await tx.fetchval("SELECT txid_current()::text")
+        try:
+            xid = await tx.fetchval("SELECT txid_current()::text")
+        except Exception as exc:
+            # A handler that wraps the driver's errors in its own, explicitly or not.
+            if state["wrap"].get(event.id) == "from":
+                raise LookupError("the order's transaction is unusable") from exc
+            if state["wrap"].get(event.id) == "context":
+                raise LookupError("the order's transaction is unusable")  # noqa: B904
+            raise
         state["xids"][event.id] = xid
         await tx.execute(
             "INSERT INTO effects (provider, webhook_id, fence, note) VALUES ($1, $2, $3, $4)",
@@ -106,6 +114,7 @@ def _state() -> dict[str, Any]:
         "fail": set(),
         "steal": {},
         "swallow": set(),
+        "wrap": {},
         "slow": 0.0,
         "now": 0,
         "most": 0,
@@ -215,6 +224,29 @@ async def test_a_swallowed_database_error_is_blamed_on_its_handler_alone(
         assert sorted(effects) == [i for i in ids if i != where]
         assert all(len(rows) == 1 for rows in effects.values())
         assert (await receipt(pg_store, where)).attempts == 1
+
+
+@pytest.mark.parametrize("how", ["from", "context"])
+async def test_a_member_that_wraps_the_aborted_statement_is_not_charged(
+    pg_store: PostgresStore, how: str
+) -> None:
+    """The member after the one that hid a database error raises its own error, with the
+    driver's as its cause (``raise ... from exc``) or context: the whole chain is read, so the
+    group runs alone instead of charging that member with a failure it did not cause."""
+    clock, state = Clock(), _state()
+    rx = _receiver(pg_store, clock, state)
+    async with rx:
+        ids = [f"msg_{i:02}" for i in range(6)]
+        state["swallow"].add("msg_02")
+        state["wrap"]["msg_03"] = how
+        await _queue(rx, clock, ids)
+        done = await drain(rx, concurrency=6, group=6)
+        assert done == {"executed": 5, "handler_failed": 1}
+        effects = await _effects(pg_store)
+        assert sorted(effects) == [i for i in ids if i != "msg_02"]
+        assert (await receipt(pg_store, "msg_03")).attempts == 0
+        assert (await receipt(pg_store, "msg_03")).state is State.COMPLETED
+        assert (await receipt(pg_store, "msg_02")).attempts == 1
 
 
 async def test_slow_handlers_still_run_side_by_side(pg_store: PostgresStore) -> None:
