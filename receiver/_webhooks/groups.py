@@ -1,16 +1,29 @@
-"""Queued receipts a worker has taken in flight, run in group transactions: those whose
-handlers are all transactional share one BEGIN, one pipelined statement for every completion
-and one COMMIT (PostgreSQL workers, :mod:`.worker`); the others run as alone."""
+"""Deliveries run in group transactions: those whose handlers are all transactional share one
+BEGIN, one pipelined statement for every completion and one COMMIT (PostgreSQL); the others run
+as alone. Two sources: the queued receipts a worker has taken in flight (:meth:`Groups.run`,
+:mod:`.worker`), and inline deliveries that have claimed their key (:meth:`Groups.run_inline`).
+
+An inline delivery runs at once, as alone, when no group is under way (at low load it waits
+for nothing); otherwise it waits for the next group, which takes every delivery waiting when a
+group ends (or begins beside the others once ``GROUP_MIN`` wait, up to the store's batch
+flushes). It joins a group only before
+that group begins. A group's handlers run for ``GROUP_BUDGET`` seconds at most before the
+members it has not begun start alone; a delivery still waiting once every group under way has
+run for ``GROUP_HOLD`` seconds (a slow handler holds each of them) runs alone too, so that slow
+handlers never hold back the deliveries behind them."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .._exceptions import LeaseLost, StoreUnavailable
-from .._ledger.receipts import State
-from .._ledger.responses import IGNORED, encode, replay
+from .._ledger import receipts as ledger
+from .._ledger.batcher import DEFAULT_MIN_BATCH
+from .._ledger.receipts import State, StoredResponse
+from .._ledger.responses import encode, replay
 from .._queue import receipts as queue
 from .._store.base import Connection
 from .execution import Execution
@@ -25,6 +38,105 @@ class Groups:
 
     def __init__(self, steps: Execution) -> None:
         self.steps = steps
+        store = steps.store
+        #: Inline group transactions under way at once, at most (0: none; PostgreSQL only,
+        #: where the store batches: each takes a connection of the pool).
+        self.inline_slots = store.batch_flushes if store.dialect == "postgresql" else 0
+        self._in_flight = 0
+        #: Inline deliveries waiting for the next group.
+        self._waiting: list[_Waiting] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: When each inline group under way began (loop time), by a token of its own.
+        self._began: dict[object, float] = {}
+
+    async def run_inline(self, job: Job, fence: int) -> Reply:
+        """Run an inline delivery that has claimed its key under ``fence`` in a group
+        transaction (:meth:`run` says what a group is and how it fails), or alone where there
+        are no inline groups or the delivery may not share one. A COMMIT that failed raises,
+        as alone: whether it happened is unknown, so the claim stays in flight."""
+        if not self.inline_slots or not _may_share(job):
+            return await self.steps._run(job, fence)
+        key = job.claim.key
+        running = self.steps._new_running(job, fence)
+        self.steps._running[key] = running
+        try:
+            if not self._in_flight and not self._waiting:
+                # Idle: this delivery runs now, in its own task, exactly as alone (a group
+                # of one would only differ in running it again after a broken connection).
+                self._in_flight += 1
+                token = object()
+                self._began[token] = asyncio.get_running_loop().time()
+                try:
+                    return await self._alone(job, fence)
+                finally:
+                    del self._began[token]
+                    self._in_flight -= 1
+                    self._start()
+            loop = asyncio.get_running_loop()
+            waiting = _Waiting(job, fence, loop.create_future())
+            self._waiting.append(waiting)
+            self._start()
+            waiting.timer = loop.call_later(GROUP_BUDGET, self._held, waiting)
+            try:
+                return await waiting.reply
+            finally:
+                waiting.timer.cancel()
+        finally:
+            if self.steps._running.get(key) is running:
+                del self.steps._running[key]
+
+    def _start(self) -> None:
+        """Begin a group of every waiting delivery while a slot is free: beside a group under
+        way only once ``GROUP_MIN`` wait (the group under way ends soon and the next one takes
+        them along: a small group beside it would cost its transaction's round trips for a
+        few members, as receiver/_ledger/batcher.py says of its flushes)."""
+        while self._waiting and self._in_flight < self.inline_slots:
+            if self._in_flight and len(self._waiting) < GROUP_MIN:
+                break
+            members, self._waiting = self._waiting[:GROUP_MAX], self._waiting[GROUP_MAX:]
+            self._in_flight += 1
+            task = asyncio.get_running_loop().create_task(self._run_waiting(members))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run_waiting(self, members: list[_Waiting]) -> None:
+        token = object()
+        self._began[token] = asyncio.get_running_loop().time()
+        try:
+            try:
+                replies = await self._share([(m.job, m.fence) for m in members])
+            except Exception as exc:
+                replies = [exc] * len(members)
+            for member, reply in zip(members, replies, strict=True):
+                _settle(member.reply, reply)
+        finally:
+            del self._began[token]
+            self._in_flight -= 1
+            self._start()
+
+    def _held(self, waiting: _Waiting) -> None:
+        """A delivery has waited a group's budget for a group to begin. If a group under way
+        began less than ``GROUP_HOLD`` ago, it ends soon (its handlers stop taking members
+        after the budget): wait for it. Otherwise every group is held by a slow handler: run
+        alone now."""
+        if waiting not in self._waiting:
+            return  # its group has begun
+        loop = asyncio.get_running_loop()
+        youngest = max(self._began.values(), default=-math.inf)
+        if loop.time() - youngest < GROUP_HOLD:
+            waiting.timer = loop.call_at(youngest + GROUP_HOLD, self._held, waiting)
+            return
+        self._waiting.remove(waiting)
+        task = asyncio.get_running_loop().create_task(self._alone_settled(waiting))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _alone_settled(self, waiting: _Waiting) -> None:
+        try:
+            reply: Reply | Exception = await self._alone(waiting.job, waiting.fence)
+        except Exception as exc:
+            reply = exc
+        _settle(waiting.reply, reply)
 
     async def run(self, attempts: Sequence[QueuedAttempt]) -> list[Reply | Exception]:
         """Run queued receipts that a worker has taken in flight: those whose handlers are all
@@ -114,6 +226,7 @@ class Groups:
         sends: when none does (no-op handlers), the group costs no BEGIN and no COMMIT, and its
         completions join the batched ones of deliveries alone."""
         ran: list[tuple[Job, int]] = []
+        answers: list[StoredResponse] = []
         committing = False
         timer = asyncio.get_running_loop().call_later(GROUP_BUDGET, self._spill, group, ran)
         try:
@@ -122,25 +235,22 @@ class Groups:
                     if group.spilled:
                         break
                     ran.append((job, fence))
-                    await self._run_member(job, fence, tx)
+                    answers.append(await self._run_member(job, fence, tx))
                 timer.cancel()
                 if ran and tx.in_transaction:
-                    done = await queue.complete_many(
-                        tx,
-                        [
-                            queue.Done(job.claim.key, fence, State.COMPLETED, _queue_window(job))
-                            for job, fence in ran
-                        ],
-                        self.steps.store.now(),
-                    )
+                    done = await self._complete(tx, ran, answers)
                     if not all(done):
                         raise _Stale(done)
                     committing = True
         except _Stale as stale:  # rolled back: the members whose fence held run again
             lost: list[Reply | Exception | None] = []
             for (job, fence), held in zip(ran, stale.done, strict=True):
+                # A stale member's handlers ran to the end: if another attempt completed the
+                # key meanwhile, they ran twice (counted, as alone).
                 lost.append(
-                    None if held else await self.steps._lease_lost(job.claim.key, fence, None)
+                    None
+                    if held
+                    else await self.steps._lease_lost(job.claim.key, fence, job.handlers)
                 )
             return lost
         except _MemberFailed as failed:  # rolled back: the failure is the last member's
@@ -158,14 +268,21 @@ class Groups:
         finally:
             timer.cancel()
         if committing:
-            return [_executed(fence) for _, fence in ran]
+            return [
+                self._executed(job, fence, answer)
+                for (job, fence), answer in zip(ran, answers, strict=True)
+            ]
         # No handler wrote: each completion is a statement of its own, shared where the store
-        # batches, as for a delivery alone.
+        # batches, as for a delivery alone (a queued receipt's keeps its stored 202).
         finished = await asyncio.gather(
-            *(self.steps._finish(job, fence, IGNORED) for job, fence in ran), return_exceptions=True
+            *(
+                self.steps._finish(job, fence, answer)
+                for (job, fence), answer in zip(ran, answers, strict=True)
+            ),
+            return_exceptions=True,
         )
         replies: list[Reply | Exception | None] = []
-        for (job, fence), result in zip(ran, finished, strict=True):
+        for (job, fence), answer, result in zip(ran, answers, finished, strict=True):
             if isinstance(result, LeaseLost):
                 replies.append(await self.steps._lease_lost(job.claim.key, fence, job.handlers))
             elif isinstance(result, Exception):
@@ -173,8 +290,35 @@ class Groups:
             elif isinstance(result, BaseException):
                 raise result
             else:
-                replies.append(_executed(fence))
+                replies.append(self._executed(job, fence, answer))
         return replies
+
+    async def _complete(
+        self, tx: Connection, ran: Sequence[tuple[Job, int]], answers: Sequence[StoredResponse]
+    ) -> list[bool]:
+        """The group's fenced completions, pipelined; per member, False if its fence was
+        stale. A group is all inline deliveries or all queued receipts."""
+        now = self.steps.store.now()
+        if ran[0][0].queued is None:
+            completions = [
+                ledger.Completion(job.claim.key, fence, answer)
+                for (job, fence), answer in zip(ran, answers, strict=True)
+            ]
+            return await ledger.complete_many(tx, completions, now)
+        done = [
+            queue.Done(job.claim.key, fence, State.COMPLETED, _queue_window(job))
+            for job, fence in ran
+        ]
+        return await queue.complete_many(tx, done, now)
+
+    def _executed(self, job: Job, fence: int, answer: StoredResponse) -> Reply:
+        """A member's reply once its completion stands: an inline delivery's stored answer
+        (remembered for replays, as alone); for a queued receipt, what the worker counts (the
+        sender's answer, the 202, is stored)."""
+        if job.queued is not None:
+            return Reply(replay(queue.QUEUED, replayed=False), Outcome.EXECUTED, fence)
+        self.steps._remember(job, answer)
+        return Reply(replay(answer, replayed=False), Outcome.EXECUTED, fence)
 
     def _spill(self, group: _Group, ran: Sequence[tuple[Job, int]]) -> None:
         """The group's budget ran out: the members it has not begun start on their own now."""
@@ -183,13 +327,14 @@ class Groups:
             for job, fence in group.members[len(ran) :]
         ]
 
-    async def _run_member(self, job: Job, fence: int, conn: Connection) -> None:
-        """One member's handlers, in the group's transaction; _MemberFailed if they fail."""
+    async def _run_member(self, job: Job, fence: int, conn: Connection) -> StoredResponse:
+        """One member's handlers, in the group's transaction, and the answer to store;
+        _MemberFailed if they fail."""
         key = job.claim.key
         extend = self.steps._extender(conn, key, fence, self.steps._running_of(job, fence))
         try:
             result = await self.steps._call(job.handlers, event_for(job, fence, extend), conn)
-            final_answer(encode(result, self.steps.encoder), key)
+            return final_answer(encode(result, self.steps.encoder), key)
         except Exception as exc:
             raise _MemberFailed from exc
 
@@ -197,6 +342,37 @@ class Groups:
 #: Seconds of a group transaction's handlers after which the members it has not begun start
 #: on their own (Groups.run).
 GROUP_BUDGET = 0.05
+
+#: Seconds after which an inline group still under way is taken to be held by a slow handler
+#: (its budget, then its completions and COMMIT, take less): the deliveries waiting for a group
+#: then run alone.
+GROUP_HOLD = 0.25
+
+#: Inline deliveries waiting before a group begins beside one under way.
+GROUP_MIN = DEFAULT_MIN_BATCH
+
+#: Inline deliveries one group takes at most.
+GROUP_MAX = 64
+
+
+@dataclass(slots=True, eq=False)
+class _Waiting:
+    """An inline delivery waiting for a group to begin, and where its reply goes."""
+
+    job: Job
+    fence: int
+    reply: asyncio.Future[Reply]
+    timer: asyncio.TimerHandle | None = None
+
+
+def _settle(future: asyncio.Future[Reply], reply: Reply | Exception) -> None:
+    if future.done():  # its caller went away (a client disconnect)
+        return
+    if isinstance(reply, Exception):
+        future.set_exception(reply)
+    else:
+        future.set_result(reply)
+
 
 #: A queued receipt a worker has taken in flight: its provider, webhook-id, body, event type,
 #: fence, and its attempts so far (:meth:`Groups.run`).
@@ -254,12 +430,6 @@ def _aborted_before(exc: BaseException) -> bool:
             return True
         pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
     return False
-
-
-def _executed(fence: int) -> Reply:
-    """A group member's reply (the worker counts its outcome; the sender's answer, the 202,
-    is stored)."""
-    return Reply(replay(queue.QUEUED, replayed=False), Outcome.EXECUTED, fence)
 
 
 def _queue_window(job: Job) -> float:

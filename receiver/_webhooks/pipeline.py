@@ -265,7 +265,9 @@ class Pipeline(Execution):
                             },
                         )
             if fence is not None:
-                return await self._run(job, fence)
+                # In a group transaction where concurrent deliveries share one (PostgreSQL),
+                # else alone.
+                return await self.groups.run_inline(job, fence)
             # Another attempt reclaimed it between our lookup and our update: look again.
         else:
             return self._busy(None, 1)
