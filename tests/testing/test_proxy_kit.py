@@ -20,8 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from receiver import Connection, IdempotencyProxy, Store
-from receiver.testing import FakeClock, TestStores, check_requests
+from receiver import Connection, IdempotencyProxy, SQLiteStore, State, Store
+from receiver._ops.sweeper import KeySweeper
+from receiver.testing import Client, FakeClock, Fault, TestStores, check_requests
 from tests.acceptance.test_idempotency_proxy import Process
 from tests.apps.upstream import reconcile
 from tests.pgcluster import free_port
@@ -99,3 +100,36 @@ def test_forwarding_an_interrupted_attempt_again_is_caught(tmp_path: Path, upstr
     shown = re.search(r"steps: (\[.*\])", message)
     assert shown is not None, message
     assert "send(r0" in shown.group(1), message
+
+
+async def test_the_sweeper_marks_an_unreconciled_attempt_for_review(
+    upstream: str, tmp_path: Path
+) -> None:
+    """A proxy that died after the upstream acted, and nobody retries: a sweep of the store
+    alone (``receiver sweep --store``) leaves it in flight, since only the proxy may judge it;
+    the proxy's own sweeper, with no reconcile, stores it as needing review; the retry gets
+    that answer, and the upstream acted once."""
+    clock = FakeClock()
+    async with SQLiteStore(tmp_path / "proxy.db", clock=clock) as store:
+        proxy = IdempotencyProxy(upstream, store=store, lease=10, timeout=5, sweep_interval=None)
+        async with Client(proxy) as client:
+            request = client.request("/payments", {"order": "9", "amount": 5})
+            died = await client.send(request, fault=Fault.AFTER_EXTERNAL_CALL)
+            assert died.outcome == "died"
+            clock.advance(11)
+            assert (await KeySweeper(store, {}, None).run_once()).skipped == 1
+            principal = client.faults.principals[str(request.key)]
+            state = await proxy.inspect(principal, str(request.key))
+            assert state is not None
+            assert state.state is State.IN_FLIGHT
+            assert (await proxy.sweep()).failed == 1
+            state = await proxy.inspect(principal, str(request.key))
+            assert state is not None
+            assert state.needs_review
+            retry = await client.send(request)
+            assert retry.status == 409
+            assert b"needs_review" in retry.body
+        await proxy.aclose()
+    async with httpx.AsyncClient() as http:
+        calls = (await http.get(f"{upstream}/calls")).json()
+    assert [c["body"] for c in calls].count('{"order":"9","amount":5}') == 1
