@@ -41,7 +41,7 @@ from .._store.base import Connection, Store
 from .._verification.payload import parse
 from .events import Event
 from .handlers import Handler, Registry
-from .jobs import Job, Running, event_for, has_external
+from .jobs import Job, Running, event_for, has_external, identity
 from .outcomes import (
     NEEDS_REVIEW,
     UNAVAILABLE,
@@ -93,6 +93,10 @@ class Execution:
         #: Claims, and completions of handlers that never touched tx, shared among concurrent
         #: deliveries where the store batches (receiver/_ledger/shared.py).
         self.shared = SharedStatements(store)
+        #: Whether the handlers of a delivery wrote through tx the last time they ran, by the
+        #: handlers' identities: an inline delivery whose handlers wrote nothing joins no
+        #: group transaction (receiver/_webhooks/groups.py), since it would save it nothing.
+        self.wrote: dict[tuple[int, ...], bool] = {}
 
     def _queued_job(
         self,
@@ -282,6 +286,7 @@ class Execution:
                 async with tx.deferred_transaction():
                     result = await self._call(handlers, event, tx)
                     finished = True
+                    self.wrote[identity(handlers)] = tx.in_transaction
                     stored = final_answer(answer or encode(result, self.encoder), key)
                     if tx.in_transaction and job.queued is not None:
                         await queue.complete(

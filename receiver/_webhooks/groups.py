@@ -27,7 +27,7 @@ from .._ledger.responses import encode, replay
 from .._queue import receipts as queue
 from .._store.base import Connection
 from .execution import Execution
-from .jobs import Job, event_for, may_share
+from .jobs import Job, event_for, identity, may_share
 from .outcomes import Outcome, Reply, final_answer
 from .providers import Provider
 
@@ -54,7 +54,14 @@ class Groups:
         transaction (:meth:`run` says what a group is and how it fails), or alone where there
         are no inline groups or the delivery may not share one. A COMMIT that failed raises,
         as alone: whether it happened is unknown, so the claim stays in flight."""
-        if not self.inline_slots or not _may_share(job):
+        if (
+            not self.inline_slots
+            or not _may_share(job)
+            or not self.steps.wrote.get(identity(job.handlers), True)
+        ):
+            # A group saves a delivery whose handlers write the BEGIN, completion and COMMIT
+            # round trips of its own transaction; one whose handlers wrote nothing last time
+            # has none, and would only wait for a group.
             return await self.steps._run(job, fence)
         key = job.claim.key
         running = self.steps._new_running(job, fence)
@@ -332,8 +339,11 @@ class Groups:
         _MemberFailed if they fail."""
         key = job.claim.key
         extend = self.steps._extender(conn, key, fence, self.steps._running_of(job, fence))
+        begun = conn.in_transaction
         try:
             result = await self.steps._call(job.handlers, event_for(job, fence, extend), conn)
+            if not begun:  # else an earlier member began the transaction: nothing learnt
+                self.steps.wrote[identity(job.handlers)] = conn.in_transaction
             return final_answer(encode(result, self.steps.encoder), key)
         except Exception as exc:
             raise _MemberFailed from exc

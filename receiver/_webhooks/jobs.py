@@ -72,6 +72,11 @@ def may_share(handlers: Sequence[Handler]) -> bool:
     )
 
 
+def identity(handlers: Sequence[Handler]) -> tuple[int, ...]:
+    """A key for a delivery's handlers (registered once, they live as long as the receiver)."""
+    return tuple(map(id, handlers))
+
+
 def _datetime(timestamp: int | None) -> dt.datetime | None:
     if timestamp is None:
         return None
