@@ -21,11 +21,18 @@ def add_init_parser(sub: Any) -> None:
         action="store_true",
         help="an agent's tool run through the action executor, instead of a webhook receiver",
     )
+    p.add_argument(
+        "--queued",
+        action="store_true",
+        help="queued mode: answer 202 once stored, run the handler on workers",
+    )
     p.add_argument("--force", action="store_true", help="overwrite files that exist")
 
 
-def project_files(name: str, *, tool: bool) -> dict[str, str]:
+def project_files(name: str, *, tool: bool, queued: bool = False) -> dict[str, str]:
     """The files of a new project, by name."""
+    if tool and queued:
+        raise ReceiverError("--queued is for webhooks; a tool runs when the agent calls it")
     if tool:
         return {
             "agent.py": scaffold.AGENT,
@@ -35,18 +42,27 @@ def project_files(name: str, *, tool: bool) -> dict[str, str]:
             ),
             "pyproject.toml": scaffold.PYPROJECT,
         }
+    config = scaffold.CONFIG + (scaffold.QUEUED_MODE if queued else "")
+    tests = (
+        scaffold.TEST_QUEUED if queued else scaffold.TEST_ORDERS.format(crash=scaffold.CRASH_INLINE)
+    )
+    run = scaffold.RUN_WEBHOOK
+    if queued:
+        run += "\nreceiver worker --config receiver.toml   # runs the queued deliveries"
     return {
-        "receiver.toml": scaffold.CONFIG,
+        "receiver.toml": config,
         "orders.py": scaffold.ORDERS.format(),
-        "test_orders.py": scaffold.TEST_ORDERS.format(crash=scaffold.CRASH_INLINE),
-        "README.md": scaffold.README.format(name=name, option="", run=scaffold.RUN_WEBHOOK),
+        "test_orders.py": tests,
+        "README.md": scaffold.README.format(
+            name=name, option=" --queued" if queued else "", run=run
+        ),
         "pyproject.toml": scaffold.PYPROJECT,
     }
 
 
 def init_command(args: argparse.Namespace) -> int:
     target = Path(args.directory)
-    files = project_files(target.resolve().name or "app", tool=args.tool)
+    files = project_files(target.resolve().name or "app", tool=args.tool, queued=args.queued)
     existing = [n for n in files if (target / n).exists()]
     if existing and not args.force:
         raise ReceiverError(

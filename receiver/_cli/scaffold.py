@@ -268,3 +268,108 @@ PYPROJECT = """\
 [tool.pytest.ini_options]
 asyncio_default_fixture_loop_scope = "function"
 """
+
+TEST_QUEUED = '''\
+"""The three tests every receiver needs, with receiver.testing, in queued mode: a redelivery
+replays the stored 202, 100 concurrent copies run once, a crash mid-handler (on a worker) runs
+once after recovery. The workers run in the test's process, as ``receiver worker`` would.
+
+``receiver_store`` is a throwaway SQLite file, or a throwaway database on the PostgreSQL server
+named by RECEIVER_TEST_PG_URL; ``receiver_clock`` is the fake clock it runs on.
+"""
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import pytest
+
+from receiver import generate_secret, load_config
+from receiver.testing import (
+    Fault,
+    Faults,
+    Sender,
+    assert_count,
+    assert_executed_once,
+    assert_nothing_in_flight,
+    assert_replayed,
+    count,
+)
+
+SECRET = generate_secret()
+CONFIG = Path(__file__).with_name("receiver.toml")
+ORDERS = "SELECT count(*) FROM orders WHERE id = $1"
+
+
+def build(store, clock):
+    config = load_config(CONFIG)
+    return config.receiver(store=store, clock=clock, environ={"SHOP_WEBHOOK_SECRET": SECRET})
+
+
+@contextlib.asynccontextmanager
+async def workers(rx):
+    worker = rx.worker(concurrency=2, poll_interval=0.05, stale_interval=0.05)
+    assert await worker.open()
+    running = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        await running
+
+
+async def ran(rx, order_id):
+    """Wait (at most 10 s) for the workers to write the order, then let them go on a moment."""
+    for _ in range(500):
+        if await count(rx.store, ORDERS, order_id):
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.2)
+
+
+@pytest.mark.asyncio
+async def test_a_redelivery_replays(receiver_store, receiver_clock):
+    rx = build(receiver_store, receiver_clock)
+    async with rx, Sender(rx, "shop", SECRET, clock=receiver_clock) as shop, workers(rx):
+        created = shop.event("order.created", {"id": "ord_1", "total": 1200})
+        first = await shop.send(created)
+        assert first.status == 202, first
+        assert_replayed(first, [await shop.send(created) for _ in range(3)])
+        await ran(rx, "ord_1")
+        await assert_count(rx.store, 1, ORDERS, "ord_1")
+
+
+@pytest.mark.asyncio
+async def test_a_hundred_concurrent_copies_run_once(receiver_store, receiver_clock):
+    rx = build(receiver_store, receiver_clock)
+    async with rx, Sender(rx, "shop", SECRET, clock=receiver_clock) as shop, workers(rx):
+        created = shop.event("order.created", {"id": "ord_2", "total": 99})
+        assert_executed_once(await shop.twins(created, 100))  # one barrier
+        await ran(rx, "ord_2")
+        await assert_count(rx.store, 1, ORDERS, "ord_2")
+
+
+@pytest.mark.asyncio
+async def test_a_crash_mid_handler_runs_once_after_recovery(receiver_store, receiver_clock):
+    rx = build(receiver_store, receiver_clock)
+    async with rx, Sender(rx, "shop", SECRET, clock=receiver_clock) as shop, workers(rx):
+        created = shop.event("order.created", {"id": "ord_3", "total": 5})
+        # The worker's handler writes its row, then the process "dies" before the commit.
+        Faults.of(rx).arm(created.id, Fault.BEFORE_COMMIT)
+        accepted = await shop.send(created)
+        for _ in range(500):
+            if not Faults.of(rx).pending(created.id):
+                break
+            await asyncio.sleep(0.02)
+        assert not Faults.of(rx).pending(created.id), "the worker never took the delivery"
+        await assert_count(rx.store, 0, ORDERS, "ord_3")  # rolled back with the attempt
+        receiver_clock.advance(61)  # the dead attempt's lease (60 s) runs out
+        await ran(rx, "ord_3")  # another attempt takes it over
+        await assert_count(rx.store, 1, ORDERS, "ord_3")
+        await assert_nothing_in_flight(rx.store)
+        assert_replayed(accepted, [await shop.send(created)])
+'''
+
+QUEUED_MODE = """\
+mode = "queued"                         # answer 202 once stored; workers run the handler
+"""

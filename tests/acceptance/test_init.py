@@ -1,7 +1,7 @@
 """``receiver init``: the project it writes passes its own three tests right away, on the
 embedded SQLite default and on PostgreSQL (a throwaway database of the test server), for a
-webhook receiver and for an agent's tool; and those tests fail when the handler writes outside
-the ledger's transaction, so they prove something."""
+webhook receiver (inline and queued) and for an agent's tool; and those tests fail when the
+handler writes outside the ledger's transaction, so they prove something."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def pytest_in(directory: Path, pg_url: str | None) -> subprocess.CompletedProces
 
 
 @pytest.mark.parametrize(
-    ("kind", "option"), [("sqlite", ""), ("postgresql", ""), ("sqlite", "--tool")]
+    ("kind", "option"),
+    [("sqlite", ""), ("postgresql", ""), ("sqlite", "--tool"), ("sqlite", "--queued")],
 )
 def test_the_project_passes_its_three_tests(
     tmp_path: Path, kind: str, option: str, pg_admin_url: str
@@ -77,6 +78,17 @@ def test_its_tests_catch_a_handler_writing_outside_tx(tmp_path: Path) -> None:
     assert "test_a_crash_mid_handler_runs_once_after_recovery FAILED" in ran.stdout or (
         "FAILED test_orders.py::test_a_crash_mid_handler_runs_once_after_recovery" in ran.stdout
     ), ran.stdout
+
+
+def test_a_tool_is_never_queued(tmp_path: Path) -> None:
+    made = subprocess.run(
+        [RECEIVER, "init", str(tmp_path / "x"), "--tool", "--queued"],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 2
+    assert "--queued is for webhooks" in made.stderr
+    assert not (tmp_path / "x").exists()
 
 
 def test_it_never_overwrites_a_project(tmp_path: Path) -> None:

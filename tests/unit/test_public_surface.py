@@ -122,6 +122,7 @@ CLI = {
     "init": [
         "--force",
         "--help",
+        "--queued",
         "--tool",
         "-h",
         "directory",
