@@ -11,6 +11,7 @@ from typing import Any
 import asyncpg
 
 from .._exceptions import StoreMisconfigured, StoreReadOnly, StoreUnavailable
+from . import hosts
 from .base import Connection, Row, Store
 from .queries import queries
 
@@ -113,6 +114,13 @@ def _classified() -> Any:
         if error is not None:
             raise error from exc
         raise
+
+
+async def _connect(dsn: str, **options: Any) -> asyncpg.Connection:
+    """The pool's connect: asyncpg's, with every host of a multi-host URL tried when one
+    answers as the wrong server (receiver/_store/hosts.py)."""
+    options.pop("loop", None)
+    return await hosts.connect(dsn, **options)
 
 
 class PostgresConnection(Connection):
@@ -289,6 +297,7 @@ class PostgresStore(Store):
             # made on demand, so the receiver answers 503 and recovers when the database returns.
             self._pool = await asyncpg.create_pool(
                 self._dsn,
+                connect=_connect,  # a multi-host URL's hosts, each tried when one is wrong
                 min_size=0,
                 max_size=self._max_size,
                 reset=_no_reset,
@@ -354,7 +363,7 @@ class PostgresStore(Store):
             conn = self._aside
             if conn is None or conn.is_closed():
                 with _translated():
-                    conn = await asyncpg.connect(
+                    conn = await hosts.connect(
                         self._dsn, timeout=self._connect_timeout, **self._connect_options()
                     )
                 self._aside = conn
@@ -399,4 +408,4 @@ class PostgresStore(Store):
                 "transaction-mode pooler"
             )
         with _translated():
-            return await asyncpg.connect(dsn, timeout=self._connect_timeout)
+            return await hosts.connect(dsn, timeout=self._connect_timeout)
