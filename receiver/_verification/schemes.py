@@ -36,7 +36,7 @@ GitHub (https://docs.github.com/en/webhooks/using-webhooks/validating-webhook-de
 https://docs.github.com/en/webhooks/webhook-events-and-payloads#delivery-headers): the legacy
 SHA-1 ``X-Hub-Signature`` is never accepted. The signature covers the body only, so the key
 is the body's SHA-256: a redelivery resends the same bytes, and ``X-GitHub-Delivery``, which
-anyone can rewrite, is only the delivery's hint (logs, drift alerts). The event type is
+anyone can rewrite, is only the delivery's hint (for key-drift alerts). The event type is
 ``X-GitHub-Event``, plus ``"." + action`` when the JSON body has a string ``"action"``
 (``"issues.opened"``), so ``"issues.*"`` patterns work. Configure the webhook's content type
 as ``application/json``: a form-encoded body (``Content-Type: application/x-www-form-urlencoded``)

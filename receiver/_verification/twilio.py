@@ -16,7 +16,7 @@ ledger stops it running twice. So the ledger key comes from what Twilio signs: `
 the hex SHA-256 of the signed parameters (each name and value, sorted, as signed; the URL is the
 provider's own and adds nothing), or of a JSON body. A genuine retry repeats them; a replayer
 cannot change them without breaking the signature. ``I-Twilio-Idempotency-Token``, which Twilio
-keeps across its retries but does not sign, is only the delivery's hint (logs, drift alerts): a
+keeps across its retries but does not sign, is only the delivery's hint (for key-drift alerts): a
 capture re-sent under a new token lands on the key it had. Two requests with the same parameters
 are one event (a call's status callback carries its ``CallSid`` and status, a message's its
 ``MessageSid``, so distinct events differ). The event type is ``event_type=`` when given,

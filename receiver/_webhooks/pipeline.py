@@ -36,6 +36,7 @@ from .._store.base import Store
 from .execution import Execution
 from .groups import Groups, QueuedAttempt
 from .handlers import Registry
+from .hints import Hints
 from .jobs import Job, has_external, queued_mode
 from .outcomes import Outcome, Reply, log_reply
 from .providers import Provider
@@ -73,6 +74,8 @@ class Pipeline(Execution):
         self.recovery = Recovery(self)
         #: Queued receipts run in group transactions (PostgreSQL workers).
         self.groups = Groups(self)
+        #: The unsigned delivery ids seen per key, for key-drift alerts only.
+        self.hints = Hints()
 
     async def deliver(
         self, provider: Provider, headers: Headers, body: bytes, client: str | None = None
@@ -90,6 +93,8 @@ class Pipeline(Execution):
         # A completed receipt this process has seen is answered without a round trip, and the
         # usual redelivery, byte-identical, before its body is even parsed.
         key = Key(provider.name, verified.webhook_id)
+        if verified.hint is not None and self.hints.changed(key, verified.hint):
+            self._hint_drift(key)
         hit = None if self.cache is None else self.cache.get(key, now)
         if hit is not None and hit.body_hash == hashlib.sha256(body).digest():
             reply = Reply(replay(hit.response, replayed=True), Outcome.REPLAYED)
@@ -137,6 +142,16 @@ class Pipeline(Execution):
         reported it (both stores, inline and queued)."""
         if self.metrics is not None and job.drift:
             self.metrics.drifted(job.claim.key.provider, job.claim.key.webhook_id)
+
+    def _hint_drift(self, key: Key) -> None:
+        """The key's signed content came before under another unsigned delivery id."""
+        if self.metrics is not None:
+            self.metrics.key_drift.labels(key.provider).inc()
+        logger.warning(
+            "ALERT: key drift: this signed content was already received under another delivery "
+            "id (a captured delivery re-sent?); answered from its receipt",
+            extra={"provider": key.provider, "webhook_id": key.webhook_id},
+        )
 
     def refused(self, provider: str, headers: Headers, response: Response, check: str) -> Reply:
         """Report a delivery refused before verification (too large, unreadable)."""

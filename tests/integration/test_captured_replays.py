@@ -65,6 +65,10 @@ async def test_a_twilio_capture_under_a_new_token_runs_once(store: Store) -> Non
     assert [a.headers.get("idempotent-replayed") for a in answers] == [None] + ["true"] * 3
     assert runs == {"twilio": 1}
     assert await receipt_count(store) == 1
+    # The unsigned token is a hint: two new ones for one key are two key-drift alerts.
+    assert rx.metrics is not None
+    drift = rx.metrics.registry.get_sample_value("receiver_key_drift_total", {"provider": "twilio"})
+    assert drift == 2
 
 
 async def test_a_linear_capture_under_a_new_delivery_id_runs_once(store: Store) -> None:
