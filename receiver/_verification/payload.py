@@ -72,11 +72,18 @@ _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
 # being expanded into an integer: a short body must not cost a huge one's work.
 _MAX_INT_DIGITS = 1000
 _BIG = 10**_MAX_INT_DIGITS
-# The fast path's normalized form, for a look at its floats: digits become "0", every byte that
-# cannot be part of a number a space. A float with an integral value is written "1200.0" or,
-# from 1e16 up, "1e+16": ".0 " or "e+" (strings that look so only cost a walk of the payload).
+# The fast path's normalized form, for a look at its floats: "0" stays and the other digits
+# become "1"; ".", "e" and "+" stay; the bytes that end a number (",", "]", "}") become ",";
+# every other byte a space. A float with an integral value is written "1200.0" or, from 1e16 up,
+# "1e+16": ".0," (or a final ".0") or "e+1". Inside a string the same bytes only cost a walk.
 _FLOATS = bytes(
-    0x30 if 0x30 <= byte <= 0x39 else byte if byte in (0x2E, 0x65, 0x2B) else 0x20
+    0x31
+    if 0x31 <= byte <= 0x39
+    else byte
+    if byte in (0x30, 0x2E, 0x65, 0x2B)
+    else 0x2C
+    if byte in (0x2C, 0x5D, 0x7D)
+    else 0x20
     for byte in range(256)
 )
 
@@ -180,7 +187,7 @@ def normalized(body: bytes, *, attempt_field: str | None = None) -> tuple[Any, b
         kept = _without(payload, attempt_field)
         form = orjson.dumps(kept, option=orjson.OPT_SORT_KEYS)
         look = form.translate(_FLOATS)
-        if b".0 " in look or look.endswith(b".0") or b"e+" in look:
+        if b".0," in look or look.endswith(b".0") or b"e+1" in look:
             try:
                 form = orjson.dumps(_integral_floats(kept), option=orjson.OPT_SORT_KEYS)
             except _BeyondInt:  # an integral value past 64 bits: the exact path says it
