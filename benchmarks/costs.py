@@ -122,7 +122,9 @@ async def _child(args: argparse.Namespace) -> dict[str, Any]:
     url = args.pg_url if store == "postgresql" else f"sqlite:///{args.sqlite}"
     if side == "receiver":
         # benchmarks/app.py builds its receiver from the environment when it is imported.
-        os.environ.update(BENCH_STORE=url, BENCH_SECRET=SECRET, BENCH_HANDLER=handler)
+        os.environ.update(
+            BENCH_STORE=url, BENCH_SECRET=SECRET, BENCH_HANDLER=handler, BENCH_ADMISSION="0"
+        )
         from .app import app as rx
 
         async with rx:
