@@ -163,9 +163,8 @@ Keyed = IdempotencyKeyMiddleware | IdempotencyProxy
 
 
 def find_middleware(app: ASGIApp) -> Keyed:
-    """The IdempotencyKeyMiddleware (or the IdempotencyProxy) in ``app``'s stack: through
-    Starlette's and FastAPI's built middleware stack, any middleware's ``.app`` and mounted
-    apps."""
+    """The IdempotencyKeyMiddleware (or IdempotencyProxy) in ``app``'s stack: through Starlette's
+    and FastAPI's built middleware stack, any middleware's ``.app`` and mounted apps."""
     queue: collections.deque[Any] = collections.deque([app])
     seen: set[int] = set()
     while queue and len(seen) < 200:
