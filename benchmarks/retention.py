@@ -338,6 +338,30 @@ async def _sweep_partitioned(conn: asyncpg.Connection) -> dict[str, Any]:
     }
 
 
+async def _check(conn: asyncpg.Connection) -> dict[str, Any]:
+    """Both sides must end holding the same receipts, every body with its key, every key with
+    its body: a side that deleted more (or less) would have been measured doing other work."""
+    today = await conn.fetchval("SELECT count(*) FROM receiver_receipts")
+    bodies = await conn.fetchval("SELECT count(*) FROM bench_bodies")
+    keys = await conn.fetchval("SELECT count(*) FROM bench_keys")
+    differ = await conn.fetchval(
+        "SELECT count(*) FROM (SELECT provider, webhook_id, state FROM receiver_receipts"
+        " EXCEPT SELECT provider, webhook_id, state FROM bench_bodies) AS d"
+    )
+    orphans = await conn.fetchval(
+        "SELECT count(*) FROM bench_keys k WHERE NOT EXISTS (SELECT 1 FROM bench_bodies b"
+        " WHERE b.provider = k.provider AND b.webhook_id = k.webhook_id AND b.bucket = k.bucket)"
+    )
+    return {
+        "today_rows": today,
+        "partitioned_rows": bodies,
+        "keys": keys,
+        "only_in_today": differ,
+        "keys_without_body": orphans,
+        "ok": today == bodies == keys and differ == 0 and orphans == 0,
+    }
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     admin = await asyncpg.connect(args.pg_url.rsplit("/", 1)[0] + "/postgres")
     name = args.pg_url.rsplit("/", 1)[1]
@@ -377,6 +401,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "partitioned": await _sizes(conn, ["bench_keys", "bench_bodies"]),
         }
         print("sizes after:", result["size_after"], flush=True)
+        result["checks"] = await _check(conn)
+        print("checks:", result["checks"], flush=True)
     finally:
         await conn.close()
         if not args.keep:
@@ -401,6 +427,8 @@ def main() -> None:
     result = asyncio.run(run(args))
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
+    if not result["checks"]["ok"]:
+        raise SystemExit("the two sides do not hold the same receipts: figures not comparable")
 
 
 if __name__ == "__main__":
