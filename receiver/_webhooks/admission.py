@@ -8,9 +8,11 @@ measures, as deliveries finish:
 
 - ``alone``: how long a delivery takes when nothing queues (the moving average of those that
   had fewer others in progress than the pool has connections, from their start to their end);
-- ``capacity``: how many deliveries it finishes per second when saturated (half-second
-  windows in which at least as many were in progress as the pool has connections; the best
-  such window, forgotten slowly: by half in about 15 s);
+- ``capacity``: how many deliveries it finishes per second when saturated: counted over the
+  time in which at least as many were in progress as the pool has connections, never over idle
+  time (a burst of three on a store of one connection is no measure of a low rate), in
+  half-second windows whose deliveries queued (took longer than ``alone``); the best such
+  window, forgotten slowly: by half in about 15 s;
 - ``latency``: how long deliveries take now (a moving average, for the budget and
   ``Retry-After``).
 
@@ -65,6 +67,9 @@ _ALPHA = 0.05
 #: is the capacity, which loses this fraction per window (about half in 15 s).
 _WINDOW = 0.5
 _FORGET = 0.023
+#: A window measures the capacity only where its deliveries queued: took this many times as
+#: long as one alone (a handler that is slow by itself is no queue).
+_QUEUED = 1.1
 
 
 @dataclass(slots=True)
@@ -113,7 +118,12 @@ class Admission:
         self.capacity: float | None = None
         self._window_start = clock()
         self._window_count = 0
-        self._window_crowd = 0
+        self._window_took = 0.0
+        #: Deliveries finished, and seconds spent, with the pool busy (at least ``pool`` in
+        #: progress) in this window; when the pool last became busy (None: it is not now).
+        self._busy_count = 0
+        self._busy_time = 0.0
+        self._busy_since: float | None = None
         #: Deliveries shed by this process, by reason (for the console; the metrics count them
         #: per provider).
         self.shed_total = dict.fromkeys(SHED_REASONS, 0)
@@ -170,21 +180,31 @@ class Admission:
         shed it."""
         if self.enabled and self.in_progress >= self.bound:
             return None
-        self.in_progress += 1
         now = self.clock()
+        self._count_in(now)
         self._second(now)[0] += 1
         return Ticket(now, self.in_progress - 1)
 
+    def _count_in(self, now: float) -> None:
+        self.in_progress += 1
+        if self.in_progress >= self.pool and self._busy_since is None:
+            self._busy_since = now
+
     def leave(self, ticket: Ticket) -> None:
         """The delivery is answered: count it out, and adapt the bound to how long it took."""
+        now = self.clock()
         crowd = self.in_progress
+        busy = self._busy_since is not None
         self.in_progress -= 1
+        if busy and self.in_progress < self.pool:
+            assert self._busy_since is not None
+            self._busy_time += now - self._busy_since
+            self._busy_since = None
         while self._waiting and self.in_progress < self.bound:
             waiter = self._waiting.popleft()
             if not waiter.done():  # hand the place over, counted in now
-                self.in_progress += 1
+                self._count_in(now)
                 waiter.set_result(None)
-        now = self.clock()
         took = max(now - ticket.admitted, 1e-6)
         if ticket.ahead < self.pool and crowd <= self.pool:
             # Fewer in progress than connections from its start to its end: its own work.
@@ -193,16 +213,30 @@ class Admission:
             took if self.latency is None else self.latency + _ALPHA * (took - self.latency)
         )
         self._window_count += 1
-        self._window_crowd += crowd
+        self._window_took += took
+        self._busy_count += busy
         elapsed = now - self._window_start
         if elapsed >= _WINDOW:
-            if self.capacity is not None:
-                self.capacity *= 1 - _FORGET
-            # Saturated: on average at least as many in progress as connections.
-            if self._window_crowd >= self.pool * self._window_count:
-                rate = self._window_count / elapsed
-                self.capacity = rate if self.capacity is None else max(self.capacity, rate)
-            self._window_start, self._window_count, self._window_crowd = now, 0, 0
+            self._measure(now)
+
+    def _measure(self, now: float) -> None:
+        """A window has passed: the rate at which the busy pool finished deliveries is the
+        capacity, if they queued."""
+        if self.capacity is not None:
+            self.capacity *= 1 - _FORGET
+        busy_time = self._busy_time
+        if self._busy_since is not None:  # still busy: count up to now, go on from here
+            busy_time += now - self._busy_since
+            self._busy_since = now
+        queued = self.alone is None or (
+            self._window_took >= _QUEUED * self.alone * self._window_count
+        )
+        # At least a pool's worth finished while busy: fewer are too small a sample.
+        if queued and self._busy_count >= max(2, self.pool) and busy_time > 0:
+            rate = self._busy_count / busy_time
+            self.capacity = rate if self.capacity is None else max(self.capacity, rate)
+        self._window_start, self._window_count, self._window_took = now, 0, 0.0
+        self._busy_count, self._busy_time = 0, 0.0
 
     def past_budget(self, waited: float, budget: float | None) -> bool:
         """Whether a delivery that has waited ``waited`` seconds can no longer be answered

@@ -103,6 +103,36 @@ def test_a_slow_handler_is_not_taken_for_a_queue() -> None:
     assert admission.bound == pytest.approx(62, abs=2)
 
 
+def test_bursts_on_one_connection_measure_the_rate_while_busy_not_over_idle_time() -> None:
+    # SQLite's one writer: five deliveries at once, done one after another (10 ms each), then
+    # a second of nothing, again and again. Counted over the whole window that is five a
+    # second (a bound of 2, shedding the bursts); while busy it is 100 a second.
+    clock = Clock()
+    admission = Admission(pool=1, max_wait=0.5, clock=clock)
+    for _ in range(20):
+        tickets = [admission.enter() for _ in range(5)]
+        assert None not in tickets
+        for ticket in tickets:
+            assert ticket is not None
+            clock.now += 0.01
+            admission.leave(ticket)
+        clock.now += 1.0
+    assert admission.capacity == pytest.approx(100, rel=0.05)
+    assert admission.bound >= 40
+
+
+def test_handlers_slow_by_themselves_side_by_side_are_no_queue() -> None:
+    # External calls of a second each, five at a time on a store of one connection: each takes
+    # as long as one alone, so nothing queues and nothing bounds them.
+    clock = Clock()
+    admission = Admission(pool=1, max_wait=0.5, clock=clock)
+    run(admission, clock, 1.0, 1)
+    for _ in range(20):
+        run(admission, clock, 1.0, 5)
+    assert admission.capacity is None
+    assert admission.bound == MAX_BOUND
+
+
 def test_past_the_bound_nothing_is_admitted_until_one_leaves() -> None:
     admission = Admission(pool=2, limit=3, clock=Clock())
     tickets = [admission.enter() for _ in range(3)]
