@@ -250,9 +250,8 @@ class StandardWebhooks:
         for entry in entries:
             version, _, encoded = entry.partition(b",")
             if version == b"v1" and self._hmacs and len(encoded) == _V1_B64_LEN:
-                try:
-                    given = binascii.a2b_base64(encoded, strict_mode=True)
-                except binascii.Error:
+                given = _canonical_b64(encoded)
+                if given is None:
                     continue
                 if expected is None:  # computed once, on the first v1 entry worth checking
                     expected = []
@@ -266,11 +265,8 @@ class StandardWebhooks:
                     if hmac.compare_digest(digest, given):
                         return VerifiedDelivery(msg_id.decode("ascii"), ts)
             elif version == b"v1a" and self._ed25519 and len(encoded) == _V1A_B64_LEN:
-                try:
-                    given = binascii.a2b_base64(encoded, strict_mode=True)
-                except binascii.Error:
-                    continue
-                if len(given) != 64:
+                given = _canonical_b64(encoded)
+                if given is None or len(given) != 64:
                     continue
                 if content is None:
                     content = prefix + body
@@ -283,6 +279,17 @@ class StandardWebhooks:
             # Anything else (unknown version, wrong length, no comma) is ignored, as the spec
             # asks: a sender may add schemes we do not know next to ones we do.
         raise VerificationError("signature", "no valid signature for the configured secrets")
+
+
+def _canonical_b64(encoded: bytes) -> bytes | None:
+    """The bytes ``encoded`` spells in strict, canonical base64, or None. The bits a last
+    character carries beyond the data must be zero: several spellings of one signature would
+    let a replayer vary the header, and the reference compares the text as signed."""
+    try:
+        decoded = binascii.a2b_base64(encoded, strict_mode=True)
+    except binascii.Error:
+        return None
+    return decoded if binascii.b2a_base64(decoded, newline=False) == encoded else None
 
 
 def _refuse_duplicates(raw: list[tuple[bytes, bytes]]) -> None:

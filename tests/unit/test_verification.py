@@ -603,6 +603,22 @@ def test_tampering_is_rejected_exactly_when_the_reference_rejects(
     assert our_verify(secret, headers, body) == their_verify(secret, headers, body)
 
 
+def test_a_signature_spelled_with_nonzero_trailing_bits_is_refused() -> None:
+    # 32 bytes in base64 leave two unused bits in the last character before "=": flipping one
+    # spells the same bytes, which a lenient decoder accepts and the reference refuses.
+    secret = whsec(b"k" * 24)
+    ts = int(time.time())
+    signed = sign(secret, "msg_1", ts, b"{}")
+    last = signed[-2]
+    other = B64_ALPHABET[B64_ALPHABET.index(last) ^ 1]
+    respelled = signed[:-2] + other + "="
+    assert base64.b64decode(respelled[3:]) == base64.b64decode(signed[3:])
+    headers = {"webhook-id": "msg_1", "webhook-timestamp": str(ts)}
+    assert our_verify(secret, {**headers, "webhook-signature": signed}, b"{}")
+    assert not their_verify(secret, {**headers, "webhook-signature": respelled}, b"{}")
+    assert not our_verify(secret, {**headers, "webhook-signature": respelled}, b"{}")
+
+
 # --- totality ------------------------------------------------------------------------------
 
 PRIVATE, PUBLIC = generate_keypair()
