@@ -300,8 +300,11 @@ async def test_database_killed_mid_load(
     assert set(runs) == set(ids)
     for wid, answer in final.items():
         fence = orjson.loads(answer.content)["fence"]
-        # At most one execution per fence (an attempt may die before its handler starts).
-        assert 1 <= runs[wid] <= fence, (wid, runs[wid], fence)
+        # At most one execution per fence, or two where the attempt shared a group transaction
+        # that the dying database broke: each member of such a group runs again on its own
+        # under the same fence (docs/how-to/handlers.md), its first run rolled back. (An
+        # attempt may also die before its handler starts.) What committed is checked above.
+        assert 1 <= runs[wid] <= 2 * fence, (wid, runs[wid], fence)
     assert {line.split()[2] for line in invocations.read_text().splitlines()} == {str(pid)}
 
 
