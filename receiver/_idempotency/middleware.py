@@ -49,6 +49,7 @@ from .._ops.redact import describe
 from .._ops.sweeper import AUDIT_RETENTION, DEAD_LETTER_RETENTION, KeySweeper, SweepReport
 from .._store.base import Connection, Store
 from .._verification.payload import NotJSON, normalized
+from .body import BodyTooLarge, ClientGone, read_body
 from .key import parse_key
 
 logger = logging.getLogger("receiver.idempotency")
@@ -79,14 +80,6 @@ def idempotent_request(request: Any) -> IdempotentRequest | None:
     scope = request if isinstance(request, dict) else request.scope
     found = scope.get(_SCOPE_KEY)
     return found if isinstance(found, IdempotentRequest) else None
-
-
-class _TooLarge(Exception):
-    pass
-
-
-class _Disconnected(Exception):
-    pass
 
 
 class _Unstored(Exception):
@@ -227,12 +220,12 @@ class IdempotencyKeyMiddleware:
             await self.app(scope, receive, send)
             return
         try:
-            body = await self._read_body(receive)
-        except _TooLarge:
+            body = await read_body(receive, self.max_body_size)
+        except BodyTooLarge:
             detail = f"the body exceeds {self.max_body_size} bytes"
             await _problem(413, "too-large", "Request body too large", detail)(scope, receive, send)
             return
-        except _Disconnected:
+        except ClientGone:
             return  # nobody is listening; nothing was stored
         principal = self.principal(scope)
         if inspect.isawaitable(principal):
@@ -401,21 +394,6 @@ class IdempotencyKeyMiddleware:
         )
         detail = "a request with this Idempotency-Key is still being processed; retry later"
         return _problem(409, "in-flight", "Request in progress", detail, retry_after=wait)
-
-    async def _read_body(self, receive: Receive) -> bytes:
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _Disconnected
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body_size:
-                raise _TooLarge
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
 
 
 def _matches(patterns: Sequence[str], path: str) -> bool:

@@ -32,6 +32,7 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from .._exceptions import ConfigurationError, InvalidIdempotencyKey, LeaseLost, StoreUnavailable
+from .._idempotency.body import BodyTooLarge, ClientGone, read_body
 from .._idempotency.key import parse_key
 from .._idempotency.middleware import _fingerprint, _matches, _problem, _unavailable
 from .._ledger import keyed
@@ -227,12 +228,15 @@ class IdempotencyProxy(Recovery):
                 return
             await self._pass(scope, receive, send)
             return
-        body = await self._read_body(receive)
-        if body is None:
+        try:
+            body = await read_body(receive, self.max_body_size)
+        except BodyTooLarge:
             self.metrics.count("refused")
-            detail = f"the body exceeds {self.max_body_size} bytes (or the client left)"
+            detail = f"the body exceeds {self.max_body_size} bytes"
             await _problem(413, "too-large", "Request body too large", detail)(scope, receive, send)
             return
+        except ClientGone:
+            return  # nobody is listening; nothing was claimed or forwarded
         principal = self.principal(scope)
         if inspect.isawaitable(principal):
             principal = await principal
@@ -274,21 +278,6 @@ class IdempotencyProxy(Recovery):
         except forward.Unknown as exc:
             self.metrics.upstream_errors.labels(exc.kind).inc()
             await bad_gateway(504, "the upstream did not answer in time")(scope, receive, send)
-
-    async def _read_body(self, receive: Receive) -> bytes | None:
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body_size:
-                return None
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
 
     # -- the keyed path ------------------------------------------------------------------------
 
