@@ -61,6 +61,11 @@ _MISCONFIGURED = (
     ),
 )
 _READ_ONLY = "25006"  # read_only_sql_transaction: a standby, or a primary demoted by a failover
+# The server asks the client to run the transaction again: serialization_failure (CockroachDB
+# and YugabyteDB send it for contention at their default SERIALIZABLE; PostgreSQL at that
+# level) and deadlock_detected. For the ledger's own statements that is a blip: 503 with
+# Retry-After, and the sender's retry runs the delivery again.
+_RETRY_SQLSTATES = ("40001", "40P01")
 
 
 def classify(exc: BaseException) -> StoreUnavailable | None:
@@ -77,6 +82,10 @@ def classify(exc: BaseException) -> StoreUnavailable | None:
         for prefix, fix in _MISCONFIGURED:
             if state.startswith(prefix):
                 return StoreMisconfigured(f"PostgreSQL: {fix} ({name}, SQLSTATE {state})")
+        if state in _RETRY_SQLSTATES:
+            return StoreUnavailable(
+                f"PostgreSQL asked for the transaction to be retried ({name}, SQLSTATE {state})"
+            )
     if is_unavailable(exc):
         return StoreUnavailable(f"PostgreSQL unavailable: {type(exc).__name__}")
     return None

@@ -223,3 +223,45 @@ async def test_a_handlers_own_missing_table_is_its_failure_not_the_stores(
     assert found.state is State.RELEASED
     assert found.last_error is not None
     assert "UndefinedTableError" in found.last_error
+
+
+async def test_a_ledger_statement_the_server_asks_to_retry_is_503_then_runs_once(
+    database: str,
+) -> None:
+    """SQLSTATE 40001 (CockroachDB's and YugabyteDB's "restart transaction", PostgreSQL's
+    serialization failure) and 40P01 (deadlock) on the ledger's own claim: 503 with
+    Retry-After, nothing claimed; once the server takes it, the retry runs the handler once."""
+    admin = await asyncpg.connect(database)
+    runs: list[str] = []
+    try:
+        for state in ("40001", "40P01"):
+            await admin.execute(
+                f"""
+                CREATE OR REPLACE FUNCTION refuse_claim() RETURNS trigger AS $$
+                BEGIN RAISE EXCEPTION 'retry' USING ERRCODE = '{state}'; END
+                $$ LANGUAGE plpgsql;
+                CREATE OR REPLACE TRIGGER refuse_claim BEFORE INSERT ON receiver_receipts
+                FOR EACH ROW EXECUTE FUNCTION refuse_claim();
+                """
+            )
+            rx = Receiver(PostgresStore(database), [Provider(PROVIDER, [SECRET])])
+
+            @rx.on("order.*")
+            async def handle(event: Event, tx: Connection) -> None:
+                runs.append(event.id)
+
+            async with rx:
+                answer = await deliver(rx, f"msg_retry_{state}")
+                assert answer.status_code == 503, answer.text
+                assert answer.headers["retry-after"] == str(rx.pipeline.retry_after)
+                assert answer.json()["error"] == "store_unavailable"
+                assert "retry" not in answer.text.replace("retry later", "")
+                assert store_errors(rx, "unavailable") == 1
+                claimed = "SELECT count(*) FROM receiver_receipts WHERE webhook_id = $1"
+                assert await admin.fetchval(claimed, f"msg_retry_{state}") == 0
+                await admin.execute("DROP TRIGGER refuse_claim ON receiver_receipts")
+                assert (await deliver(rx, f"msg_retry_{state}")).status_code == 200
+                assert (await deliver(rx, f"msg_retry_{state}")).status_code == 200
+        assert runs == ["msg_retry_40001", "msg_retry_40P01"]
+    finally:
+        await admin.close()
