@@ -103,6 +103,8 @@ _PROVIDER_KEYS = (
     # answer to a delivery shed under load (503 or 429).
     "timeout",
     "shed_status",
+    # Inline deliveries still running when the sender's time is nearly spent: answered 202.
+    "handoff",
 )
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -327,6 +329,13 @@ class _Parser:
                 f"expected 503 or 429 (the answer to a delivery shed under load), "
                 f"got {show(shed_status)}",
             )
+        handoff = table.get("handoff", False)
+        if not isinstance(handoff, bool):
+            raise self.error(
+                (*key, "handoff"),
+                f"expected true or false (answer 202 and finish in the background when the "
+                f"sender's time is nearly spent), got {show(handoff)}",
+            )
         return ProviderConfig(
             name=name,
             scheme=scheme,
@@ -342,6 +351,7 @@ class _Parser:
             url=url,
             timeout=timeout,
             shed_status=shed_status,
+            handoff=handoff,
         )
 
     def dedup_key(self, key: Key, value: object) -> tuple[str, ...] | None:

@@ -56,6 +56,8 @@ class ProviderConfig:
     timeout: float | None = None
     #: The answer to a delivery shed under load: 503 or 429.
     shed_status: int = 503
+    #: Inline deliveries still running near the sender's limit are answered 202.
+    handoff: bool = False
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,7 @@ class Config:
             retry=config.retry,
             timeout=config.timeout,
             shed_status=config.shed_status,
+            handoff=config.handoff,
         )
 
     def _register_func(self, index: int, spec: str) -> RegisterFunc:

@@ -47,6 +47,7 @@ OUTCOMES = (
     "store_unavailable",
     "queued",
     "shed",
+    "handed_off",
 )
 
 #: The ``reason`` label of shed deliveries (receiver/_webhooks/admission.py): past the bound on

@@ -32,6 +32,7 @@ from .admission import DEFAULT_MAX_WAIT, Admission
 from .events import Event
 from .forwarded import TrustedProxies
 from .handlers import Effects, Handler, HandlerFunc, Mode, ReconcileFunc, Registry
+from .handoff import Handoffs
 from .lifecycle import StartupHook
 from .outcomes import Reply
 from .pipeline import Pipeline
@@ -128,6 +129,9 @@ class Receiver(Serving):
         # (receiver/_webhooks/forwarded.py).
         self.trusted_proxies = TrustedProxies(trusted_proxies)
         self._sweeper: asyncio.Task[None] | None = None
+        #: Inline deliveries answered 202 at their sender's limit, still running
+        #: (receiver/_webhooks/handoff.py); closing waits for them.
+        self.handoffs = Handoffs()
         # Who recovers the stale claims of keys that are not webhook-ids, by namespace
         # (receiver/_ledger/keyed.py): the action executor registers itself here.
         self.recoverers: dict[str, Recoverer] = {}

@@ -15,6 +15,7 @@ from .._ops.metrics import Metrics
 from .._ops.sweeper import Recoverer, SweepReport, sweep_forever
 from .._store.base import Connection, Store
 from .._store.migrations import check_current
+from .handoff import Handoffs
 from .pipeline import Pipeline
 from .providers import Provider
 from .sweeper import sweep
@@ -41,6 +42,7 @@ class Lifecycle:
     #: Why deliveries are refused while the startup work is pending, when it is not an outage.
     _not_ready: StoreUnavailable | None
     _opened: bool
+    handoffs: Handoffs
     _sweeper: asyncio.Task[None] | None
     _worker: Worker | None
     _worker_task: asyncio.Task[None] | None
@@ -125,6 +127,8 @@ class Lifecycle:
             delay = min(delay * 2, 5.0) if delay < 30.0 else delay
 
     async def close(self) -> None:
+        # Deliveries answered 202 at their sender's limit finish first (for a bounded grace).
+        await self.handoffs.drain()
         if self._pending_startup is not None:
             self._pending_startup.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -39,6 +39,7 @@ class Outcome(enum.StrEnum):
     QUEUED = "queued"  # recorded for the workers and answered 202 (queued mode)
     DEAD_LETTER = "dead_letter"  # a queued receipt's last attempt failed (workers only)
     SHED = "shed"  # answered 503 (or 429) under load before anything was claimed
+    HANDED_OFF = "handed_off"  # answered 202 at the sender's limit, finishing in the background
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,9 @@ class Provider:
     ...; None for a custom schedule), None for no limit. A delivery that has waited so long
     that it cannot be answered within it is not started (503, nothing claimed).
     ``shed_status`` is the answer to a delivery shed under load: 503 (default) or 429.
+    ``handoff=True`` (inline mode, with a ``timeout``): a delivery whose handlers are still
+    running when the sender's time is nearly spent is answered 202, as queued mode answers, and
+    finishes in the background in its own transaction (:mod:`.handoff`).
     """
 
     def __init__(
@@ -57,6 +60,7 @@ class Provider:
         dedup_key: KeySource = None,
         timeout: float | str | None = "preset",
         shed_status: int = 503,
+        handoff: bool = False,
     ) -> None:
         if not isinstance(name, str) or not _NAME.match(name):
             raise ConfigurationError(
@@ -94,9 +98,15 @@ class Provider:
             raise ConfigurationError(
                 f"provider {name!r}: shed_status must be 503 or 429, not {shed_status!r}"
             )
+        if not isinstance(handoff, bool):
+            raise ConfigurationError(
+                f"provider {name!r}: handoff must be True or False, not {handoff!r}"
+            )
         key = check_dedup_key(dedup_key, name)
         self.name = name
         self.shed_status = shed_status
+        #: Answer 202 and finish in the background when the sender's time is nearly spent.
+        self.handoff = handoff
         self.mode: Mode = mode
         self.retry = retry if retry is not None else Backoff()
         #: The scheme's verifier as configured (the kit's sender signs for it).

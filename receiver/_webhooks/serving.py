@@ -15,11 +15,13 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from .._exceptions import SchemaOutdated, StoreMisconfigured, StoreUnavailable
-from .._ledger.responses import error
-from .admission import Admission, shed_reply
+from .._ledger.responses import error, replay
+from .._queue.receipts import QUEUED
+from .admission import Admission, Ticket, shed_reply
 from .forwarded import TrustedProxies
+from .handoff import Handoffs, budget
 from .lifecycle import Lifecycle
-from .outcomes import Reply
+from .outcomes import Outcome, Reply
 from .providers import Provider
 from .tracing import Tracing
 
@@ -45,6 +47,7 @@ class Serving(Lifecycle):
     admission: Admission
     trusted_proxies: TrustedProxies
     tracing: Tracing
+    handoffs: Handoffs
     _open_lock: asyncio.Lock
     _app: Starlette
 
@@ -145,10 +148,39 @@ class Serving(Lifecycle):
         ticket = await admission.admit(patience)
         if ticket is None:
             return self._shed(provider, headers, "overloaded", started)
+        if provider.handoff and provider.timeout is not None and provider.mode == "inline":
+            left = budget(provider.timeout, waited + admission.clock() - started)
+            return await self._handoff(provider, headers, body, client, ticket, left)
         try:
             return await self._deliver_admitted(provider, headers, body, client)
         finally:
             admission.leave(ticket)
+
+    async def _handoff(
+        self,
+        provider: Provider,
+        headers: Headers,
+        body: bytes,
+        client: str | None,
+        ticket: Ticket,
+        within: float,
+    ) -> Reply:
+        """The delivery as a task: its own answer if it finishes ``within`` seconds, else 202
+        as queued mode answers, while it runs on to completion (receiver/_webhooks/handoff.py).
+        It holds its place in admission until it ends."""
+
+        async def work() -> Reply:
+            try:
+                return await self._deliver_admitted(provider, headers, body, client)
+            finally:
+                self.admission.leave(ticket)
+
+        started = time.perf_counter()
+        reply = await self.handoffs.run(work(), within)
+        if reply is None:
+            reply = Reply(replay(QUEUED, replayed=False), Outcome.HANDED_OFF)
+            self.pipeline._report(provider.name, None, None, reply, started, headers)
+        return reply
 
     def _shed(self, provider: Provider, headers: Headers, reason: str, started: float) -> Reply:
         """Answer at once, before verification and before anything touches the store."""

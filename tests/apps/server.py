@@ -38,8 +38,21 @@ SLOW = float(os.environ.get("RECEIVER_TEST_SLOW", "0"))
 EXTERNAL = bool(os.environ.get("RECEIVER_TEST_EXTERNAL"))
 RECONCILE = os.environ.get("RECEIVER_TEST_RECONCILE", "none")
 
+# Handoff (tests/acceptance/test_handoff_crash.py): RECEIVER_TEST_TIMEOUT is the provider's
+# time limit, RECEIVER_TEST_HANDOFF turns handoff on, RECEIVER_TEST_SWEEP the sweep interval.
+TIMEOUT = os.environ.get("RECEIVER_TEST_TIMEOUT")
 rx = Receiver(
-    STORE, [Provider(PROVIDER, SECRETS, lease=float(os.environ.get("RECEIVER_TEST_LEASE", "60")))]
+    STORE,
+    [
+        Provider(
+            PROVIDER,
+            SECRETS,
+            lease=float(os.environ.get("RECEIVER_TEST_LEASE", "60")),
+            timeout=float(TIMEOUT) if TIMEOUT else "preset",
+            handoff=bool(os.environ.get("RECEIVER_TEST_HANDOFF")),
+        )
+    ],
+    sweep_interval=float(os.environ.get("RECEIVER_TEST_SWEEP", "60")),
 )
 
 

@@ -405,13 +405,13 @@ ERRORS = [
         "receiver.toml:3: providers.b.max_body_size: unknown key (top-level keys must come "
         "before the first [table] header); a provider takes scheme, secrets_env, tolerance, "
         "schedule, review_margin, ttl, lease, mode, retry_attempts, retry_base, retry_cap, "
-        "dedup_key, url, timeout, shed_status",
+        "dedup_key, url, timeout, shed_status, handoff",
     ),
     (
         P + 'shedule = "svix"\n',
         "receiver.toml:3: providers.b.shedule: unknown key (did you mean schedule?); a provider "
         "takes scheme, secrets_env, tolerance, schedule, review_margin, ttl, lease, mode, "
-        "retry_attempts, retry_base, retry_cap, dedup_key, url, timeout, shed_status",
+        "retry_attempts, retry_base, retry_cap, dedup_key, url, timeout, shed_status, handoff",
     ),
     # secrets never in the file
     (

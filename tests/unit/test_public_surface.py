@@ -284,4 +284,5 @@ def test_the_outcomes_are_pinned() -> None:
         "QUEUED": "queued",
         "DEAD_LETTER": "dead_letter",
         "SHED": "shed",
+        "HANDED_OFF": "handed_off",
     }
