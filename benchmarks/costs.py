@@ -200,7 +200,10 @@ async def _indexes(url: str, table: str) -> list[dict[str, Any]]:
                 else:
                     entry[state] = bool(
                         await conn.fetchval(
-                            f"SELECT {r['pred']} FROM (SELECT $1::text AS state) AS {table}",  # noqa: S608
+                            # A row of the table in that state, still within its window.
+                            f"SELECT {r['pred']} FROM jsonb_populate_record(NULL::{table},"  # noqa: S608
+                            " jsonb_build_object('state', $1::text, 'expires_at', now()))"
+                            f" AS {table}",
                             state,
                         )
                     )
