@@ -180,18 +180,24 @@ _NO_AUDIT_PRIVILEGE: set[str] = set()
 async def _delete_old_audit(
     store: Store, now: float | None, keep: float, batch: int, deadline: float
 ) -> int:
-    """Audit records older than ``keep``. A least-privilege application role has no rights on
-    the console's table (docs/how-to/postgresql.md): then the pass goes on without this part,
-    and says once what to grant."""
+    """Audit records older than ``keep``, and the bulk replays that ended before then (their
+    keys, then the job: the audit record of each keeps its outcome counts until it goes too).
+    A least-privilege application role has no rights on the console's tables
+    (docs/how-to/postgresql.md): then the pass goes on without this part, and says once what
+    to grant."""
     try:
-        return await _delete_batches(store, "delete_old_audit", now, keep, batch, deadline)
+        deleted = await _delete_batches(store, "delete_old_audit", now, keep, batch, deadline)
+        for statement in ("delete_old_bulk_items", "delete_old_bulk_jobs"):
+            await _delete_batches(store, statement, now, keep, batch, deadline)
+        return deleted
     except StoreMisconfigured:
         if store.url not in _NO_AUDIT_PRIVILEGE:
             _NO_AUDIT_PRIVILEGE.add(store.url)
             logger.warning(
-                "old audit records are not deleted: this role cannot delete from "
-                "receiver_audit (GRANT SELECT, DELETE ON receiver_audit to the role that "
-                "sweeps, for audit_retention to apply)"
+                "old audit records and bulk replays are not deleted: this role cannot delete "
+                "from the console's tables (GRANT SELECT, DELETE ON receiver_audit, "
+                "receiver_bulk_jobs, receiver_bulk_items to the role that sweeps, for "
+                "audit_retention to apply)"
             )
         return 0
 

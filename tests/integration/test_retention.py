@@ -210,3 +210,62 @@ async def test_a_sweep_batch_reads_each_state_from_its_own_index(pg_url: str) ->
     finally:
         await conn.execute("TRUNCATE receiver_receipts, receiver_attempts")
         await conn.close()
+
+
+async def bulk_job(
+    store: Store, job: int, state: str, ended_days: float | None, items: int
+) -> None:
+    """A bulk replay with ``items`` keys that ended ``ended_days`` before T0 (None: running)."""
+    pg = store.dialect == "postgresql"
+    at = "to_timestamp($1::float8)" if pg else "?1"
+    ended = None if ended_days is None else T0 - ended_days * DAY
+    async with store.acquire() as conn:
+        await conn.execute(
+            "INSERT INTO receiver_bulk_jobs (id, request, created_at, actor, reason, filter,"
+            " total, done, rate, state, lease_until, finished_at)"
+            f" VALUES ({'$2::bigint' if pg else '?2'}, 'r' || {'$2::text' if pg else '?2'}, {at}, 'ada',"
+            f" 'outage', 'provider=shop', {'$3' if pg else '?3'}, 0, 10, {'$4' if pg else '?4'},"
+            f" {at}, {'to_timestamp($5::float8)' if pg else '?5'})",
+            T0 - 500 * DAY,
+            job,
+            items,
+            state,
+            ended,
+        )
+        for seq in range(1, items + 1):
+            await conn.execute(
+                "INSERT INTO receiver_bulk_items (job, seq, provider, webhook_id, fence, state)"
+                + (
+                    " VALUES ($1, $2, 'shop', $3, 1, 'done')"
+                    if pg
+                    else " VALUES (?, ?, 'shop', ?, 1, 'done')"
+                ),
+                job,
+                seq,
+                f"w{job}-{seq}",
+            )
+
+
+async def bulk_left(store: Store) -> tuple[list[int], list[int]]:
+    """The bulk jobs left, and the job of each item left."""
+    async with store.acquire() as conn:
+        jobs = await conn.fetch("SELECT id FROM receiver_bulk_jobs ORDER BY id")
+        items = await conn.fetch("SELECT job FROM receiver_bulk_items ORDER BY job, seq")
+    return [int(r["id"]) for r in jobs], [int(r["job"]) for r in items]
+
+
+async def test_ended_bulk_replays_go_with_the_audit_retention(store: Store) -> None:
+    """A bulk replay that ended before the audit retention loses its keys, batch by batch, then
+    its job; a running one, or one that ended within the retention, is kept whole."""
+    ledger_clock(store, Clock(T0))
+    async with store.acquire() as conn:
+        await conn.execute("DELETE FROM receiver_bulk_items")
+        await conn.execute("DELETE FROM receiver_bulk_jobs")
+    await bulk_job(store, 1, "done", 400, 5)
+    await bulk_job(store, 2, "cancelled", 10, 2)
+    await bulk_job(store, 3, "running", None, 2)
+
+    await sweeper.sweep(store, None, now=T0, delete_batch=2)  # the default: a year
+    assert await bulk_left(store) == ([2, 3], [2, 2, 3, 3])
+    await sweeper.sweep(store, None, now=T0, delete_batch=2, audit_retention=5 * DAY)
+    assert await bulk_left(store) == ([3], [3, 3])

@@ -856,6 +856,47 @@ WITH gone AS (
 )
 SELECT count(*) AS n FROM gone;
 
+-- name: delete_old_bulk_items
+-- The sweeper's batch of bulk-replay items ($3 at most) of jobs that ended (done or cancelled)
+-- more than $2 seconds before $1 (NULL: the database's clock), the audit retention: the audit
+-- record keeps the job's outcome counts. Jobs are few (operator actions); each job's items are
+-- read through the primary key's (job, seq) prefix.
+WITH gone AS (
+    DELETE FROM receiver_bulk_items
+    WHERE (job, seq) IN (
+        SELECT i.job, i.seq FROM receiver_bulk_items i
+        WHERE i.job = ANY (ARRAY(
+            SELECT j.id FROM receiver_bulk_jobs j
+            WHERE j.state <> 'running'
+              AND j.finished_at < COALESCE(to_timestamp($1::float8), statement_timestamp())
+                                  - $2::float8 * interval '1 second'
+        ))
+        LIMIT $3
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING 1
+)
+SELECT count(*) AS n FROM gone;
+
+-- name: delete_old_bulk_jobs
+-- Jobs that ended before the audit retention ($2 seconds before $1) and have no items left
+-- (delete_old_bulk_items goes first): at most $3.
+WITH gone AS (
+    DELETE FROM receiver_bulk_jobs
+    WHERE id = ANY (ARRAY(
+        SELECT j.id FROM receiver_bulk_jobs j
+        WHERE j.state <> 'running'
+          AND j.finished_at < COALESCE(to_timestamp($1::float8), statement_timestamp())
+                              - $2::float8 * interval '1 second'
+          AND NOT EXISTS (SELECT 1 FROM receiver_bulk_items i WHERE i.job = j.id)
+        ORDER BY j.finished_at
+        LIMIT $3
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING 1
+)
+SELECT count(*) AS n FROM gone;
+
 -- name: console_audit_list
 -- Newest first, below the id $1 (NULL: from the newest), at most $2.
 SELECT id, extract(epoch FROM at)::float8 AS at, actor, action, provider, webhook_id, fence,

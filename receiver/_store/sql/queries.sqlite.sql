@@ -586,6 +586,34 @@ WHERE id IN (
 )
 RETURNING 1 AS n;
 
+-- name: delete_old_bulk_items
+-- See queries.postgresql.sql: at most ?3 items of bulk replays that ended more than ?2 seconds
+-- before ?1; one row (n = 1) per item deleted.
+DELETE FROM receiver_bulk_items
+WHERE (job, seq) IN (
+    SELECT i.job, i.seq FROM receiver_bulk_items i
+    WHERE i.job IN (
+        SELECT j.id FROM receiver_bulk_jobs j
+        WHERE j.state <> 'running'
+          AND j.finished_at < COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0) - ?2
+    )
+    LIMIT ?3
+)
+RETURNING 1 AS n;
+
+-- name: delete_old_bulk_jobs
+-- See queries.postgresql.sql: at most ?3 ended jobs past the retention with no items left.
+DELETE FROM receiver_bulk_jobs
+WHERE id IN (
+    SELECT j.id FROM receiver_bulk_jobs j
+    WHERE j.state <> 'running'
+      AND j.finished_at < COALESCE(?1, (julianday('now') - 2440587.5) * 86400.0) - ?2
+      AND NOT EXISTS (SELECT 1 FROM receiver_bulk_items i WHERE i.job = j.id)
+    ORDER BY j.finished_at
+    LIMIT ?3
+)
+RETURNING 1 AS n;
+
 -- name: console_audit_list
 SELECT id, at, actor, action, provider, webhook_id, fence, reason, outcome, detail
 FROM receiver_audit
