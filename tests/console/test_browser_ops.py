@@ -129,6 +129,20 @@ def read(rx: Receiver, sql: str) -> list[Any]:
     return arun(run())
 
 
+def open_again(page: Any, url: str) -> None:
+    """Load ``url`` afresh. A running job's page refreshes itself (a meta refresh), and one
+    that fires while Playwright navigates aborts that navigation (net::ERR_ABORTED): try
+    again, a few times."""
+    for attempt in range(5):
+        try:
+            page.goto(url)
+            return
+        except Exception as exc:  # playwright's Error, whose module is not imported here
+            if "ERR_ABORTED" not in str(exc) or attempt == 4:
+                raise
+            time.sleep(0.2)
+
+
 def sign_in(page: Any, console: Console, token: str, name: str = "") -> None:
     page.goto(console.url + "/")
     if name:
@@ -163,6 +177,7 @@ def test_a_bulk_replay_survives_its_console_being_killed(
     page.click("button:has-text('Replay them')")
     page.wait_for_selector("dl.job")
     assert "Bulk replay 1 started" in page.locator(".notice").inner_text()
+    job_page = page.url
 
     # Half-way: the console process is killed where it stands.
     deadline = time.monotonic() + 60
@@ -177,13 +192,13 @@ def test_a_bulk_replay_survives_its_console_being_killed(
 
     # Started again: it takes the job over once the dead runner's lease ran out.
     console.start()
-    page.reload()  # the session is in the ledger: still signed in
+    open_again(page, job_page)  # the session is in the ledger: still signed in
     assert "Ada Operator" in page.locator("header .who").inner_text()
     deadline = time.monotonic() + 90
     while read(rx, "SELECT state FROM receiver_bulk_jobs")[0]["state"] != "done":
         assert time.monotonic() < deadline, "the job was not taken over"
         time.sleep(0.2)
-    page.reload()
+    open_again(page, job_page)
     assert "2,000 / 2,000" in page.locator("dl.job").inner_text()
     assert "2000 executed" in page.locator("dl.job").inner_text()
 

@@ -217,15 +217,17 @@ async def bulk_job(
 ) -> None:
     """A bulk replay with ``items`` keys that ended ``ended_days`` before T0 (None: running)."""
     pg = store.dialect == "postgresql"
-    at = "to_timestamp($1::float8)" if pg else "?1"
+    if pg:
+        values = "$2::bigint, 'r' || $2::text, to_timestamp($1::float8), 'ada', 'outage',"
+        values += " 'provider=shop', $3, 0, 10, $4, to_timestamp($1::float8),"
+        values += " to_timestamp($5::float8)"
+    else:
+        values = "?2, 'r' || ?2, ?1, 'ada', 'outage', 'provider=shop', ?3, 0, 10, ?4, ?1, ?5"
     ended = None if ended_days is None else T0 - ended_days * DAY
     async with store.acquire() as conn:
         await conn.execute(
             "INSERT INTO receiver_bulk_jobs (id, request, created_at, actor, reason, filter,"
-            " total, done, rate, state, lease_until, finished_at)"
-            f" VALUES ({'$2::bigint' if pg else '?2'}, 'r' || {'$2::text' if pg else '?2'}, {at}, 'ada',"
-            f" 'outage', 'provider=shop', {'$3' if pg else '?3'}, 0, 10, {'$4' if pg else '?4'},"
-            f" {at}, {'to_timestamp($5::float8)' if pg else '?5'})",
+            f" total, done, rate, state, lease_until, finished_at) VALUES ({values})",
             T0 - 500 * DAY,
             job,
             items,
