@@ -185,6 +185,7 @@ async def _delete_old_audit(
     A least-privilege application role has no rights on the console's tables
     (docs/how-to/postgresql.md): then the pass goes on without this part, and says once what
     to grant."""
+    deleted = 0  # what went before a statement the role may not run still counts
     try:
         deleted = await _delete_batches(store, "delete_old_audit", now, keep, batch, deadline)
         for statement in ("delete_old_bulk_items", "delete_old_bulk_jobs"):
@@ -199,7 +200,7 @@ async def _delete_old_audit(
                 "receiver_bulk_jobs, receiver_bulk_items to the role that sweeps, for "
                 "audit_retention to apply)"
             )
-        return 0
+        return deleted
 
 
 async def _recover_keyed(

@@ -117,12 +117,7 @@ async def test_closing_waits_for_a_handed_off_delivery(store: Store) -> None:
     assert not rx.handoffs.tasks
     async with store.acquire() as conn:
         assert await conn.fetchval("SELECT count(*) FROM effects") == 1
-        assert (
-            await conn.fetchval(
-                "SELECT state FROM receiver_receipts WHERE webhook_id = $1", "msg_handoff_2"
-            )
-            == "completed"
-        )
+    assert await state(store, "msg_handoff_2") == "completed"
 
 
 async def test_without_handoff_the_answer_waits_for_the_handler(store: Store) -> None:

@@ -6,12 +6,13 @@ read through an index of its own, never past the rows it keeps."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import asyncpg
 import pytest
 
-from receiver import Actions, ConfigurationError, Receiver, Store, load_config
+from receiver import Actions, ConfigurationError, PostgresStore, Receiver, Store, load_config
 from receiver._ledger import receipts as ledger
 from receiver._ledger.receipts import Claim, Claimed, Key, StoredResponse
 from receiver._ops import sweeper
@@ -271,3 +272,37 @@ async def test_ended_bulk_replays_go_with_the_audit_retention(store: Store) -> N
     assert await bulk_left(store) == ([2, 3], [2, 2, 3, 3])
     await sweeper.sweep(store, None, now=T0, delete_batch=2, audit_retention=5 * DAY)
     assert await bulk_left(store) == ([3], [3, 3])
+
+
+async def test_a_role_that_may_not_delete_bulk_replays_still_counts_its_audit_deletions(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A role with DELETE on receiver_audit but not on the bulk replays' tables: the old audit
+    records go and are counted, the bulk replays stay, and the sweeper says once what to
+    grant."""
+    role = f"receiver_audit_only_{os.getpid()}"
+    admin = await asyncpg.connect(pg_url)
+    try:
+        await admin.execute("TRUNCATE receiver_audit, receiver_bulk_jobs, receiver_bulk_items")
+        await admin.execute(f"DROP ROLE IF EXISTS {role}")
+        await admin.execute(f"CREATE ROLE {role} LOGIN NOSUPERUSER")
+        await admin.execute(
+            f"GRANT SELECT, INSERT, UPDATE, DELETE ON receiver_receipts, receiver_attempts,"
+            f" receiver_migrations TO {role};"
+            f" GRANT SELECT, DELETE ON receiver_audit TO {role};"
+            f" GRANT SELECT ON receiver_bulk_jobs, receiver_bulk_items TO {role}"
+        )
+        async with PostgresStore(pg_url) as owner:
+            await audit_at(owner, 400, 401)
+            await bulk_job(owner, 1, "done", 400, 2)
+        async with PostgresStore(pg_url.replace("postgres@", f"{role}@", 1)) as limited:
+            report = await sweeper.sweep(limited, None, now=T0)
+            assert report.audit_deleted == 2
+            assert await bulk_left(owner) == ([1], [1, 1])
+            await sweeper.sweep(limited, None, now=T0)
+        warned = [r for r in caplog.records if "receiver_bulk_items" in r.getMessage()]
+        assert len(warned) == 1
+    finally:
+        await admin.execute(f"DROP OWNED BY {role}")
+        await admin.execute(f"DROP ROLE IF EXISTS {role}")
+        await admin.close()

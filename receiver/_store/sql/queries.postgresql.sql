@@ -838,8 +838,10 @@ RETURNING id;
 -- name: delete_old_audit
 -- The sweeper's batch of audit records older than the audit retention ($2 seconds before $1,
 -- NULL: the database's clock): at most $3 of the oldest, read from receiver_audit_at, so a
--- batch costs its own rows however large the table. SKIP LOCKED: concurrent sweepers take
--- disjoint batches.
+-- batch costs its own rows however large the table. No FOR UPDATE: it needs the UPDATE
+-- privilege, which the role that sweeps is not given on the console's tables (SELECT and DELETE
+-- are enough: docs/how-to/postgresql.md); two sweepers that pick the same rows delete each once,
+-- the second waiting for the first and skipping what it deleted.
 -- The ids as an array: the delete then probes the primary key for each (a join with the
 -- batch may hash the whole table instead).
 WITH gone AS (
@@ -850,7 +852,6 @@ WITH gone AS (
                    - $2::float8 * interval '1 second'
         ORDER BY at
         LIMIT $3
-        FOR UPDATE SKIP LOCKED
     ))
     RETURNING 1
 )
@@ -872,7 +873,6 @@ WITH gone AS (
                                   - $2::float8 * interval '1 second'
         ))
         LIMIT $3
-        FOR UPDATE SKIP LOCKED
     )
     RETURNING 1
 )
@@ -880,7 +880,8 @@ SELECT count(*) AS n FROM gone;
 
 -- name: delete_old_bulk_jobs
 -- Jobs that ended before the audit retention ($2 seconds before $1) and have no items left
--- (delete_old_bulk_items goes first): at most $3.
+-- (delete_old_bulk_items goes first): at most $3. Neither takes row locks before deleting, as
+-- delete_old_audit does not (SELECT and DELETE are the privileges these need).
 WITH gone AS (
     DELETE FROM receiver_bulk_jobs
     WHERE id = ANY (ARRAY(
@@ -891,7 +892,6 @@ WITH gone AS (
           AND NOT EXISTS (SELECT 1 FROM receiver_bulk_items i WHERE i.job = j.id)
         ORDER BY j.finished_at
         LIMIT $3
-        FOR UPDATE SKIP LOCKED
     ))
     RETURNING 1
 )
