@@ -16,18 +16,25 @@ measures, as deliveries finish:
 - ``latency``: how long deliveries take now (a moving average, for the budget and
   ``Retry-After``).
 
-The bound on deliveries in progress is ``capacity * (alone + max_wait)``, never below the pool
-size: by Little's law, what the process finishes in the time a delivery may take, its own work
-plus the wait it may face. Until the process has been saturated once, it has no measure of its
-capacity and sheds nothing. The capacity is the best rate seen while saturated, not the
-current one: a process slowed by something else (a noisy neighbour on its cores) would
-otherwise shrink its bound, finish less, shrink it again, and end up refusing what it could
-do. A handler that is slow by itself (an external call of a second) raises ``alone`` with it
-and is not taken for a queue.
+The bound on deliveries in progress is what keeps the process saturated and no more:
+``capacity * max(2 * alone, 20 ms)``, never below twice the pool size (see ``_IN_PROGRESS``).
+Until the process has been saturated once, it has no measure of its capacity and sheds nothing.
+The capacity is the best rate seen while saturated, not the current one: a process slowed by
+something else (a noisy neighbour on its cores) would otherwise shrink its bound, finish less,
+shrink it again, and end up refusing what it could do. A handler that is slow by itself (an
+external call of a second) raises ``alone`` with it and is not taken for a queue.
 
-Past the bound a delivery waits up to ``max_wait`` for a place (one that finishes hands its
-place to the oldest waiting; at most as many wait as the bound admits); without one in time,
-or with as many already waiting, it is answered 503 with ``Retry-After`` (or 429 where the
+Past the bound a delivery waits for a place (at most ``MAX_WAITING`` of them, holding at most
+``MAX_WAITING_BYTES`` of bodies), for as long as its sender's budget allows (``max_wait`` for
+a sender without a known limit). A place that frees goes to the oldest waiting while the
+oldest has waited less than ``max_wait``; past that the wait is no longer a blip but a
+standing queue, and places go to the newest instead (adaptive LIFO): under a flood, first come
+first served would serve only deliveries that have waited longest, nearest their sender's
+limit, while newest first answers those whose senders still listen, and the oldest run out of
+budget. A waiting delivery costs nothing but the connection it holds, and holding it is the
+flood's brake: a refusal at once frees the sender's connection for its next request at once,
+so refusals would take the process's time from deliveries. One that gets no place within its
+budget, or finds the line full, is answered 503 with ``Retry-After`` (or 429 where the
 provider asks for it), before it is verified or claims anything: nothing is half done and the
 ledger holds no trace of it, so the sender's retry runs it fresh.
 
@@ -44,7 +51,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import math
 import sys
 import time
@@ -61,6 +67,17 @@ from .outcomes import Outcome, Reply
 DEFAULT_MAX_WAIT = 0.5
 #: The bound before the process has measured its capacity, and its ceiling.
 MAX_BOUND = 10_000
+#: The most deliveries that may wait for a place, and the most bytes of their bodies: what
+#: waiting may hold of the process's memory (a body may be up to ``max_body_size``).
+MAX_WAITING = 10_000
+MAX_WAITING_BYTES = 64 * 1024 * 1024
+#: The derived bound admits what keeps the process saturated, twice the deliveries one alone
+#: needs in its own time (Little's law), and at least this many seconds of the process's work:
+#: the batches that make a saturated store fast need deliveries side by side. A longer queue
+#: belongs in the line of waiting deliveries, not in progress: there each delivery holds a
+#: task, a place in the pool's queue and its batch, and on the measurement machine a process
+#: with 400 in progress finished a third fewer deliveries per second of CPU than with 64.
+_IN_PROGRESS = 0.02
 #: How far each finished delivery moves the latency averages (a fraction).
 _ALPHA = 0.05
 #: Deliveries finished are counted over windows of this many seconds; the best window's rate
@@ -70,6 +87,10 @@ _FORGET = 0.023
 #: A window measures the capacity only where its deliveries queued: took this many times as
 #: long as one alone (a handler that is slow by itself is no queue).
 _QUEUED = 1.1
+
+
+#: A delivery waiting for a place: since when, its body's size, and the future it waits on.
+_Waiting = tuple[float, int, "asyncio.Future[None]"]
 
 
 @dataclass(slots=True)
@@ -84,9 +105,10 @@ class Admission:
     """Counts the deliveries in progress in this process and decides whether one more fits.
 
     ``limit``: a fixed bound on deliveries in progress, or None to derive it (see the module's
-    docstring) from ``pool`` (the store's pool size) and the measured service time, so that an
-    admitted delivery waits about ``max_wait`` seconds at most beyond its own work. 0 disables
-    admission control: every delivery is admitted, whatever it waited.
+    docstring) from ``pool`` (the store's pool size) and the measured service time. 0 disables
+    admission control: every delivery is admitted, whatever it waited. ``max_wait``: how long
+    the oldest waiting delivery may wait before freed places go to the newest, and the wait
+    for a place of a delivery whose sender's limit is unknown.
     """
 
     def __init__(
@@ -127,8 +149,12 @@ class Admission:
         #: Deliveries shed by this process, by reason (for the console; the metrics count them
         #: per provider).
         self.shed_total = dict.fromkeys(SHED_REASONS, 0)
-        #: Deliveries past the bound waiting for a place, oldest first (at most ``bound``).
-        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+        #: Deliveries past the bound waiting for a place, oldest first (at most ``bound``):
+        #: when each began to wait, the size of its body, and what it waits on.
+        self._waiting: collections.deque[_Waiting] = collections.deque()
+        self._waiting_bytes = 0
+        self.max_waiting = MAX_WAITING
+        self.max_waiting_bytes = MAX_WAITING_BYTES
         #: Per whole second of the clock: deliveries admitted and shed (the last minute's).
         self._seconds: collections.deque[list[int]] = collections.deque(maxlen=60)
 
@@ -143,33 +169,50 @@ class Admission:
             return self.limit if self.limit > 0 else sys.maxsize
         if self.capacity is None:
             return MAX_BOUND
-        fits = self.capacity * ((self.alone or 0.0) + self.max_wait)
-        return max(self.pool, min(MAX_BOUND, math.floor(fits)))
+        fits = self.capacity * max(2 * (self.alone or 0.0), _IN_PROGRESS)
+        return max(2 * self.pool, min(MAX_BOUND, math.floor(fits)))
 
     def full(self) -> bool:
         """Whether a delivery arriving now would be shed at once: past the bound, with as many
-        already waiting for a place."""
-        return self.enabled and self.in_progress >= self.bound and len(self._waiting) >= self.bound
+        already waiting as may wait."""
+        return (
+            self.enabled
+            and self.in_progress >= self.bound
+            and len(self._waiting) >= self.max_waiting
+        )
 
-    async def admit(self, patience: float) -> Ticket | None:
-        """Admit one delivery, waiting up to ``patience`` seconds for a place when the process
-        is at its bound (the bound on the wait: at most as many wait as the bound admits, the
-        oldest first); None: shed it. Waiting costs nothing but a held connection, where a
-        refusal at once would bring the sender's next request at once."""
+    async def admit(self, patience: float, size: int = 0) -> Ticket | None:
+        """Admit one delivery of a body of ``size`` bytes, waiting up to ``patience`` seconds
+        for a place when the process is at its bound (see the module's docstring for which of
+        those waiting a freed place goes to); None: shed it."""
         ticket = self.enter()
-        if ticket is not None or patience <= 0 or len(self._waiting) >= self.bound:
+        if (
+            ticket is not None
+            or patience <= 0
+            or len(self._waiting) >= self.max_waiting
+            or self._waiting_bytes + size > self.max_waiting_bytes
+        ):
             return ticket
         waiter = asyncio.get_running_loop().create_future()
-        self._waiting.append(waiter)
+        entry = (self.clock(), size, waiter)
+        self._waiting.append(entry)
+        self._waiting_bytes += size
         try:
             async with asyncio.timeout(patience):
                 await asyncio.shield(waiter)
         except TimeoutError:
             if not waiter.done():
-                waiter.cancel()
-                with contextlib.suppress(ValueError):
-                    self._waiting.remove(waiter)
+                self._stop_waiting(entry)
                 return None
+        except asyncio.CancelledError:
+            # The request's task is cancelled (the server shutting down): give up the wait, or
+            # the place if it was handed over in the meantime.
+            if waiter.done():
+                self.in_progress -= 1
+                self._hand_over(self.clock())
+            else:
+                self._stop_waiting(entry)
+            raise
         # leave() counted this delivery in when it handed it the place.
         now = self.clock()
         self._second(now)[0] += 1
@@ -200,11 +243,7 @@ class Admission:
             assert self._busy_since is not None
             self._busy_time += now - self._busy_since
             self._busy_since = None
-        while self._waiting and self.in_progress < self.bound:
-            waiter = self._waiting.popleft()
-            if not waiter.done():  # hand the place over, counted in now
-                self._count_in(now)
-                waiter.set_result(None)
+        self._hand_over(now)
         took = max(now - ticket.admitted, 1e-6)
         if ticket.ahead < self.pool and crowd <= self.pool:
             # Fewer in progress than connections from its start to its end: its own work.
@@ -218,6 +257,30 @@ class Admission:
         elapsed = now - self._window_start
         if elapsed >= _WINDOW:
             self._measure(now)
+
+    def _stop_waiting(self, entry: _Waiting) -> None:
+        entry[2].cancel()
+        try:
+            self._waiting.remove(entry)
+        except ValueError:  # handed over already
+            return
+        self._waiting_bytes -= entry[1]
+
+    def _hand_over(self, now: float) -> None:
+        """Hand the places free under the bound to deliveries waiting for one."""
+        while self._waiting and self.in_progress < self.bound:
+            _, size, waiter = self._next_waiting(now)
+            self._waiting_bytes -= size
+            if not waiter.done():  # counted in now, by the place it is handed
+                self._count_in(now)
+                waiter.set_result(None)
+
+    def _next_waiting(self, now: float) -> _Waiting:
+        """The waiting delivery a freed place goes to: the oldest, unless it has waited
+        ``max_wait`` already (a standing queue), then the newest."""
+        if now - self._waiting[0][0] < self.max_wait:
+            return self._waiting.popleft()
+        return self._waiting.pop()
 
     def _measure(self, now: float) -> None:
         """A window has passed: the rate at which the busy pool finished deliveries is the

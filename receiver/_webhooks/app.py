@@ -77,12 +77,13 @@ class Receiver(Serving):
     audit record ``audit_retention`` seconds (365 days).
 
     Admission control: at most ``max_in_progress`` deliveries are in progress in this process
-    (None: derived from the store's pool size and the measured latency, so that an admitted
-    delivery waits about ``max_queue_wait`` seconds at most beyond its own work; 0: no bound).
-    Past it a delivery waits up to ``max_queue_wait`` for a place; past that, and for a
-    delivery that has waited past its sender's time limit
-    (``Provider.timeout``), the answer is 503 with ``Retry-After`` (or the provider's
-    ``shed_status``) before anything is claimed: the sender's retry runs it fresh.
+    (None: derived from the store's pool size and the measured latency, what keeps the process
+    saturated; 0: no bound). Past it a delivery waits for a place while its sender's budget
+    (``Provider.timeout``) lasts, ``max_queue_wait`` for a sender without one; once the oldest
+    waiting has waited ``max_queue_wait``, freed places go to the newest. A delivery that gets
+    no place in time, or that has waited past its sender's time limit, is answered 503 with
+    ``Retry-After`` (or the provider's ``shed_status``) before anything is claimed: the
+    sender's retry runs it fresh.
     """
 
     def __init__(

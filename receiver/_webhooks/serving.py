@@ -141,11 +141,13 @@ class Serving(Lifecycle):
         waited = 0.0 if arrived is None else started - arrived
         if admission.past_budget(waited, provider.timeout):
             return self._shed(provider, headers, "past_budget", started)
-        # Past the bound, wait a little for a place (never past the sender's limit).
+        # Past the bound, wait for a place while the sender's budget lasts, leaving the time the
+        # delivery takes now and the answer's margin (receiver/_webhooks/admission.py: held,
+        # the request is the flood's brake; refused, the sender's next would come at once).
         patience = admission.max_wait
         if provider.timeout is not None:
-            patience = min(patience, provider.timeout - waited - (admission.latency or 0.0))
-        ticket = await admission.admit(patience)
+            patience = budget(provider.timeout, waited) - (admission.latency or 0.0)
+        ticket = await admission.admit(patience, len(body))
         if ticket is None:
             return self._shed(provider, headers, "overloaded", started)
         if provider.handoff and provider.timeout is not None and provider.mode == "inline":

@@ -29,6 +29,7 @@ class Calls(Counter[str]):
     def __init__(self) -> None:
         super().__init__()
         self.began: asyncio.Queue[str] = asyncio.Queue()
+        self.order: list[str] = []  # every call, in the order they began
 
     async def entered(self, n: int) -> None:
         for _ in range(n):
@@ -52,6 +53,7 @@ def held_receiver(
     @rx.on("order.created")
     async def record(event: Event, tx: Connection) -> Any:
         calls[event.id] += 1
+        calls.order.append(event.id)
         calls.began.put_nowait(event.id)
         await gate.wait()
         await tx.execute(
@@ -80,7 +82,10 @@ async def ledger_ids(pg_url: str) -> set[str]:
 async def test_past_the_bound_a_delivery_is_shed_before_it_claims_anything(
     pg_store: PostgresStore, pg_url: str
 ) -> None:
-    rx, calls, gate = held_receiver(pg_store, max_in_progress=BOUND, max_queue_wait=0.2)
+    rx, calls, gate = held_receiver(
+        pg_store, {"timeout": 2.0}, max_in_progress=BOUND, max_queue_wait=0.2
+    )
+    rx.admission.max_waiting = BOUND  # the line of deliveries waiting for a place
     deliveries = [delivery(n) for n in range(COPIES)]
     barrier = asyncio.Barrier(COPIES)
 
@@ -92,9 +97,15 @@ async def test_past_the_bound_a_delivery_is_shed_before_it_claims_anything(
         tasks = [asyncio.create_task(one(h, b)) for _, h, b in deliveries]
         # The admitted ones are held in their handler; the shed ones have their answer.
         await calls.entered(BOUND)
-        # Past the bound, as many as the bound wait 0.2 s for a place, the rest are answered at
-        # once; none gets a place while the admitted ones are held.
+        # Past the bound, as many as the line holds wait for a place, the rest are answered at
+        # once.
         await asyncio.sleep(0.5)
+        assert sum(t.done() for t in tasks) == COPIES - 2 * BOUND
+        # The waiting ones wait past max_queue_wait, while their sender's budget lasts (2 s,
+        # less the answer's margin: 1.5 s); none gets a place while the admitted ones are held.
+        await asyncio.sleep(0.5)
+        assert sum(t.done() for t in tasks) == COPIES - 2 * BOUND
+        await asyncio.sleep(0.8)
         shed = {i for i, t in enumerate(tasks) if t.done()}
         assert len(shed) == COPIES - BOUND
         assert len(calls) == BOUND
@@ -128,7 +139,9 @@ async def test_past_the_bound_a_delivery_is_shed_before_it_claims_anything(
         for i, t in enumerate(tasks):
             if i not in shed:
                 assert (await t).status_code == 200
-        # The senders' retries of the shed deliveries run fresh: executed once each.
+        # The senders' retries of the shed deliveries run fresh: executed once each. (Without
+        # the bound: the held deliveries' latency, past the 2 s limit, would shed them too.)
+        rx.admission.limit = 0
         for i in sorted(shed):
             _, headers, body = deliveries[i]
             answer = await rx.deliver(PROVIDER, headers, body)
@@ -185,13 +198,14 @@ async def test_past_the_bound_a_delivery_waits_briefly_for_a_place(
     pg_store: PostgresStore, pg_url: str
 ) -> None:
     rx, calls, gate = held_receiver(pg_store, max_in_progress=1, max_queue_wait=5.0)
+    rx.admission.max_waiting = 1
     (id1, h1, b1), (id2, h2, b2), (_, h3, b3) = delivery(1), delivery(2), delivery(3)
     async with rx:
         first = asyncio.create_task(rx.deliver(PROVIDER, h1, b1))
         await calls.entered(1)
         second = asyncio.create_task(rx.deliver(PROVIDER, h2, b2))  # waits for the place
         await asyncio.sleep(0.1)
-        # One waits (as many as the bound): the next is answered at once, nothing claimed.
+        # One waits (as many as the line holds): the next is answered at once, nothing claimed.
         third = await asyncio.wait_for(rx.deliver(PROVIDER, h3, b3), 1)
         assert third.status_code == 503
         assert not second.done()
