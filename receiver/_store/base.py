@@ -93,25 +93,13 @@ class Connection(abc.ABC):
         """True once the handlers' deferred transaction has begun."""
         return self._deferred is not None and self._begun
 
-    @contextlib.asynccontextmanager
-    async def deferred_transaction(self) -> AsyncIterator[None]:
+    def deferred_transaction(self) -> AbstractAsyncContextManager[None]:
         """The handlers' transaction, begun by their first statement (see the class docstring).
         The ledger's own statements (:meth:`run`) never begin it: when the handlers sent none,
         the receipt's completion is a single autocommitted statement."""
         if self._deferred is not None:
             raise RuntimeError("deferred transactions do not nest")
-        self._deferred, self._begun = self._transaction(), False
-        try:
-            try:
-                yield
-            except BaseException as exc:
-                if self._begun:
-                    await self._deferred.__aexit__(type(exc), exc, exc.__traceback__)
-                raise
-            if self._begun:
-                await self._deferred.__aexit__(None, None, None)
-        finally:
-            self._deferred, self._begun = None, False
+        return _Deferred(self)
 
     # The driver-specific parts.
 
@@ -148,6 +136,35 @@ class Connection(abc.ABC):
         return rows
 
 
+class _Deferred:
+    """:meth:`Connection.deferred_transaction`. A class rather than a generator-based context
+    manager: one is entered for every delivery, and a generator's frame, its wrapper and the
+    event loop's async generator hooks cost a measurable share of a delivery that writes
+    nothing."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    async def __aenter__(self) -> None:
+        conn = self._conn
+        if conn._deferred is not None:
+            raise RuntimeError("deferred transactions do not nest")
+        conn._deferred, conn._begun = conn._transaction(), False
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        conn = self._conn
+        try:
+            if conn._begun and conn._deferred is not None:
+                # Committed on success, rolled back on the body's exception (which propagates).
+                await conn._deferred.__aexit__(kind, exc, tb)
+        finally:
+            conn._deferred, conn._begun = None, False
+
+
 class LazyConnection(Connection):
     """The handlers' ``tx``: a connection borrowed from the store by the first statement sent
     through it, and handed back when the delivery ends. A handler that never touches ``tx``
@@ -174,6 +191,12 @@ class LazyConnection(Connection):
         if lent is not None:
             await lent.__aexit__(None, None, None)
 
+    async def __aenter__(self) -> LazyConnection:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
     def _raw(self) -> Any:
         if self._conn is None:
             raise ReceiverError(
@@ -199,10 +222,29 @@ class LazyConnection(Connection):
     async def _fetch(self, query: str, *args: Any) -> list[Row]:
         return await (await self._borrow())._fetch(query, *args)
 
-    @contextlib.asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[None]:
-        async with (await self._borrow())._transaction():
-            yield
+    def _transaction(self) -> AbstractAsyncContextManager[None]:
+        return _Borrowed(self)
+
+
+class _Borrowed:
+    """:meth:`LazyConnection._transaction`: the borrowed connection's own transaction, the
+    connection borrowed on entry (a class, for the reason :class:`_Deferred` gives)."""
+
+    __slots__ = ("_inner", "_lazy")
+
+    def __init__(self, lazy: LazyConnection) -> None:
+        self._lazy = lazy
+        self._inner: AbstractAsyncContextManager[None] | None = None
+
+    async def __aenter__(self) -> None:
+        self._inner = (await self._lazy._borrow())._transaction()
+        await self._inner.__aenter__()
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> bool | None:
+        assert self._inner is not None
+        return await self._inner.__aexit__(kind, exc, tb)
 
 
 class Store(abc.ABC):
@@ -238,14 +280,10 @@ class Store(abc.ABC):
     def acquire(self) -> AbstractAsyncContextManager[Connection]:
         """Borrow a connection (in autocommit mode) for one delivery."""
 
-    @contextlib.asynccontextmanager
-    async def lazy(self) -> AsyncIterator[LazyConnection]:
-        """A :class:`LazyConnection`: borrows a connection only when first used."""
-        conn = LazyConnection(self)
-        try:
-            yield conn
-        finally:
-            await conn.close()
+    def lazy(self) -> LazyConnection:
+        """A :class:`LazyConnection` (use it with ``async with``): borrows a connection only
+        when first used, and hands it back at the end of the block."""
+        return LazyConnection(self)
 
     def acquire_aside(self) -> AbstractAsyncContextManager[Connection]:
         """A connection for a short ledger write that must commit on its own while the caller

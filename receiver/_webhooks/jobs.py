@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -77,7 +78,10 @@ def identity(handlers: Sequence[Handler]) -> tuple[int, ...]:
     return tuple(map(id, handlers))
 
 
+@functools.lru_cache(maxsize=64)
 def _datetime(timestamp: int | None) -> dt.datetime | None:
+    # Cached: concurrent deliveries carry the same few timestamps (whole seconds), and an
+    # aware datetime costs more to build than to look up.
     if timestamp is None:
         return None
     try:
