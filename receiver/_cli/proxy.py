@@ -30,7 +30,7 @@ def add_proxy_parser(sub: Any, add: Callable[..., None]) -> None:
         "proxy",
         help="forward keyed requests to an upstream once each, replaying its stored answers",
     )
-    add(p, "upstream", "the upstream's base URL, http(s)://host[:port][/prefix] (required)")
+    add(p, "upstream", "the upstream's base URL (required): http(s)://host, optional port and path")
     add(p, "store", "store URL: sqlite:///path.db or postgresql://...", DEFAULT_STORE)
     add(p, "host", "interface to bind", "127.0.0.1")
     add(p, "port", "port to bind", 8080, type=int)
