@@ -8,40 +8,34 @@ import argparse
 import asyncio
 import os
 from pathlib import Path
+from typing import Any
 
 import asyncpg
+import pytest
 
 from benchmarks.retention import run
 
 
-def test_both_sides_expire_the_same_receipts(pg_admin_url: str, tmp_path: Path) -> None:
+def _args(pg_admin_url: str, tmp_path: Path, **overrides: Any) -> argparse.Namespace:
     name = f"receiver_retention_test_{os.getpid()}"
-    url = pg_admin_url.rsplit("/", 1)[0] + "/" + name
-    args = argparse.Namespace(
-        rows=2000,
-        days=4,
-        chunk=1000,
-        hot=50,
-        hot_rounds=1,
-        pg_url=url,
-        keep=False,
-        out=str(tmp_path / "retention.json"),
+    return argparse.Namespace(
+        **{
+            "rows": 2000,
+            "days": 4,
+            "chunk": 1000,
+            "hot": 50,
+            "hot_rounds": 1,
+            "pg_url": pg_admin_url.rsplit("/", 1)[0] + "/" + name,
+            "sides": ("today", "partitioned"),
+            "defer_indexes": False,
+            "keep": False,
+            "out": str(tmp_path / "retention.json"),
+        }
+        | overrides
     )
-    result = asyncio.run(run(args))
 
-    # Day 0 holds 500 receipts, every hundredth failed: 495 completed expire, 5 dead letters stay.
-    today, partitioned = result["sweep"]["today"], result["sweep"]["partitioned"]
-    assert today["deleted"] == partitioned["deleted"] == 495
-    assert partitioned["moved_dead_letters"] == 5
-    assert result["checks"] == {
-        "today_rows": 1505,
-        "partitioned_rows": 1505,
-        "keys": 1505,
-        "only_in_today": 0,
-        "keys_without_body": 0,
-        "ok": True,
-    }
 
+def _exists(pg_admin_url: str, name: str) -> bool:
     async def exists() -> bool:
         conn = await asyncpg.connect(pg_admin_url)
         try:
@@ -49,4 +43,68 @@ def test_both_sides_expire_the_same_receipts(pg_admin_url: str, tmp_path: Path) 
         finally:
             await conn.close()
 
-    assert not asyncio.run(exists())
+    return asyncio.run(exists())
+
+
+def test_both_sides_expire_the_same_receipts(pg_admin_url: str, tmp_path: Path) -> None:
+    args = _args(pg_admin_url, tmp_path)
+    result = asyncio.run(run(args))
+
+    # Day 0 holds 500 receipts, every hundredth failed: 495 completed expire, 5 dead letters stay.
+    today, partitioned = result["sweep"]["today"], result["sweep"]["partitioned"]
+    assert today["deleted"] == partitioned["deleted"] == 495
+    assert partitioned["moved_dead_letters"] == 5
+    assert result["checks"] == {
+        "expected_rows": 1505,
+        "today_rows": 1505,
+        "partitioned_rows": 1505,
+        "keys": 1505,
+        "only_in_today": 0,
+        "keys_without_body": 0,
+        "ok": True,
+    }
+    assert not _exists(pg_admin_url, args.pg_url.rsplit("/", 1)[1])
+
+
+@pytest.mark.parametrize("side", ["today", "partitioned"])
+def test_one_side_with_deferred_indexes_ends_with_every_index(
+    pg_admin_url: str, tmp_path: Path, side: str
+) -> None:
+    """One side alone, loaded into bare heaps: it must end with the primary key and every
+    index its design has (or the sweep and hot path were measured on another table)."""
+    args = _args(pg_admin_url, tmp_path, sides=(side,), defer_indexes=True, keep=True)
+    result = asyncio.run(run(args))
+    assert result["sweep"][side]["deleted"] == 495
+    assert result["checks"]["ok"]
+    assert result["checks"]["expected_rows"] == 1505
+    assert result["fill"][f"{side}_index_build_s"] > 0
+    assert set(result["sweep"]) == {side}
+
+    async def indexes() -> list[str]:
+        conn = await asyncpg.connect(args.pg_url)
+        try:
+            return [
+                row[0]
+                for row in await conn.fetch(
+                    "SELECT pg_get_indexdef(i.indexrelid) FROM pg_index i"
+                    " JOIN pg_class c ON c.oid = i.indrelid"
+                    " WHERE c.relname = ANY($1::text[]) ORDER BY 1",
+                    ["receiver_receipts", "bench_keys", "bench_bodies"],
+                )
+            ]
+        finally:
+            await conn.close()
+            admin = await asyncpg.connect(pg_admin_url)
+            await admin.execute(f'DROP DATABASE IF EXISTS "{args.pg_url.rsplit("/", 1)[1]}"')
+            await admin.close()
+
+    built = asyncio.run(indexes())
+    if side == "today":
+        # schema.sql's: the primary key and its eight secondary indexes.
+        assert len(built) == 9
+        assert any("receiver_receipts_pkey" in d and "(provider, webhook_id)" in d for d in built)
+    else:
+        # The key table's primary key, the bodies' primary key and its seven indexes.
+        assert len(built) == 9
+        assert any("bench_keys_pkey" in d for d in built)
+        assert any("bench_bodies_pkey" in d and "bucket" in d for d in built)
