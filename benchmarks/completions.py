@@ -31,13 +31,12 @@ from typing import Any
 
 import asyncpg
 
-from receiver import PostgresStore
 from receiver._store.queries import queries
 
+from .statements import RESPONSE, fill_completed
 from .stores import PostgresTarget
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/receiver_bench"
-RESPONSE = b'{"id":"msg_0000000000"}'
 Q = queries("postgresql")
 
 ONE_STATEMENT = """
@@ -100,26 +99,6 @@ SHAPES = {
 }
 
 
-async def _fill(url: str, rows: int) -> None:
-    async with PostgresStore(url) as store:
-        await store.migrate()
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute(
-            "INSERT INTO receiver_receipts (provider, webhook_id, payload_hash, state, fence,"
-            " event_type, claimed_at, lease_until, expires_at, completed_at, response_status,"
-            " response_content_type, response_body)"
-            " SELECT 'bench', 'seed_' || g, sha256(g::text::bytea), 'completed', 1,"
-            " 'order.created', now(), now(), now() + interval '1 day', now(), 200,"
-            " 'application/json', $1::bytea FROM generate_series(1, $2) g",
-            RESPONSE,
-            rows,
-        )
-        await conn.execute("ANALYZE receiver_receipts")
-    finally:
-        await conn.close()
-
-
 async def _claim(conn: asyncpg.Connection, size: int) -> list[str]:
     ids = [f"msg_{uuid.uuid4().hex}" for _ in range(size)]
     await conn.fetch(
@@ -130,7 +109,7 @@ async def _claim(conn: asyncpg.Connection, size: int) -> list[str]:
 
 
 async def run(url: str, rows: int, sizes: list[int], rounds: int, batches: int) -> dict[str, Any]:
-    await _fill(url, rows)
+    await fill_completed(url, rows)
     conn = await asyncpg.connect(url)
     try:
         backend = int(await conn.fetchval("SELECT pg_backend_pid()"))

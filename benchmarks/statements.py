@@ -113,7 +113,8 @@ async def _hot(conn: asyncpg.Connection) -> tuple[int, int]:
     )
 
 
-async def _fill(url: str, rows: int) -> None:
+async def fill_completed(url: str, rows: int) -> None:
+    """A migrated ledger with ``rows`` completed receipts, analyzed (as autovacuum leaves it)."""
     store = PostgresStore(url)
     async with store:
         await store.migrate()
@@ -135,7 +136,7 @@ async def _fill(url: str, rows: int) -> None:
 
 
 async def run(url: str, rows: int, repeat: int) -> dict[str, Any]:
-    await _fill(url, rows)
+    await fill_completed(url, rows)
     conn = await asyncpg.connect(url)
     try:
         result: dict[str, Any] = {}
