@@ -39,6 +39,15 @@ def pg_admin_url() -> Iterator[str]:
 async def prepared_database(admin_url: str, database: str) -> str:
     """A new, migrated database with the tests' effects table: its URL."""
     url = await pgcluster.recreate_database(admin_url, database)
+    # The tests never crash this server (the crash, outage and failover tests kill servers of
+    # their own), so a commit need not wait for its WAL flush: the throwaway cluster runs with
+    # fsync=off for the same reason, and a shared server with fsync=on would otherwise spend
+    # most of the suite's time in flushes.
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f'ALTER DATABASE "{database}" SET synchronous_commit = off')
+    finally:
+        await admin.close()
     async with PostgresStore(url) as store:
         await store.migrate()
         async with store.acquire() as conn:
