@@ -274,7 +274,9 @@ async def _defer_indexes(conn: asyncpg.Connection, tables: list[str]) -> list[st
             table,
         ):
             await conn.execute(f"DROP INDEX {name}")
-            rebuild.append(definition)
+            # A partitioned table's index reads "ON ONLY" (the parent alone, its partitions'
+            # indexes attached one by one); without it the statement builds every partition's.
+            rebuild.append(definition.replace(" ON ONLY ", " ON ", 1))
     return rebuild
 
 
@@ -391,10 +393,17 @@ async def _check(conn: asyncpg.Connection, sides: tuple[str, ...], expected: int
             " WHERE b.provider = k.provider AND b.webhook_id = k.webhook_id"
             " AND b.bucket = k.bucket)"
         )
+        # Each partition must carry every index of the table, or the side measured less work.
+        out["partitions_missing_indexes"] = await conn.fetchval(
+            "SELECT count(*) FROM pg_inherits i WHERE i.inhparent = 'bench_bodies'::regclass"
+            " AND (SELECT count(*) FROM pg_index WHERE indrelid = i.inhrelid)"
+            " <> (SELECT count(*) FROM pg_index WHERE indrelid = 'bench_bodies'::regclass)"
+        )
         ok = (
             ok
             and out["partitioned_rows"] == out["keys"] == expected
             and out["keys_without_body"] == 0
+            and out["partitions_missing_indexes"] == 0
         )
     if len(sides) == 2:
         out["only_in_today"] = await conn.fetchval(
