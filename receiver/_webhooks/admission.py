@@ -12,7 +12,7 @@ measures, as deliveries finish:
   time in which at least as many were in progress as the pool has connections, never over idle
   time (a burst of three on a store of one connection is no measure of a low rate), in
   half-second windows whose deliveries queued (took longer than ``alone``); the best such
-  window, forgotten slowly: by half in about 15 s;
+  window, forgotten slowly (by half in about 15 s) while no delivery waits for a place;
 - ``latency``: how long deliveries take now (a moving average, for the budget and
   ``Retry-After``).
 
@@ -21,7 +21,10 @@ The bound on deliveries in progress is what keeps the process saturated and no m
 Until the process has been saturated once, it has no measure of its capacity and sheds nothing.
 The capacity is the best rate seen while saturated, not the current one: a process slowed by
 something else (a noisy neighbour on its cores) would otherwise shrink its bound, finish less,
-shrink it again, and end up refusing what it could do. A handler that is slow by itself (an
+shrink it again, and end up refusing what it could do. For the same reason it is not forgotten
+while deliveries wait for a place: then the bound limits the rate measured, and a capacity
+forgotten window by window would take the bound and the rate down together for as long as a
+flood lasts. A handler that is slow by itself (an
 external call of a second) raises ``alone`` with it and is not taken for a queue.
 
 Past the bound a delivery waits for a place (at most ``MAX_WAITING`` of them, holding at most
@@ -163,6 +166,11 @@ class Admission:
         return self.limit != 0
 
     @property
+    def waiting(self) -> int:
+        """How many deliveries wait for a place now."""
+        return len(self._waiting)
+
+    @property
     def bound(self) -> int:
         """How many deliveries may be in progress at once now."""
         if self.limit is not None:
@@ -285,7 +293,10 @@ class Admission:
     def _measure(self, now: float) -> None:
         """A window has passed: the rate at which the busy pool finished deliveries is the
         capacity, if they queued."""
-        if self.capacity is not None:
+        if self.capacity is not None and not self._waiting:
+            # Forgotten only while no delivery waits for a place: with a line standing, the
+            # bound limits the very rate measured here, and forgetting would shrink the bound,
+            # then the rate, then the bound again, for as long as the flood lasts.
             self.capacity *= 1 - _FORGET
         busy_time = self._busy_time
         if self._busy_since is not None:  # still busy: count up to now, go on from here

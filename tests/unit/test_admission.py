@@ -147,6 +147,34 @@ def test_handlers_slow_by_themselves_side_by_side_are_no_queue() -> None:
     assert admission.bound == MAX_BOUND
 
 
+async def test_the_capacity_is_not_forgotten_while_deliveries_wait_for_a_place() -> None:
+    # Under a flood the bound limits the rate it is measured from: forgetting the capacity
+    # then would shrink the bound, the rate with it, and the bound again, flood-long.
+    clock = Clock()
+    admission = Admission(pool=10, max_wait=0.5, clock=clock)
+    cpu = CPU(admission, clock, 0.01)
+    cpu.run(1000, 5000)
+    measured = admission.capacity
+    assert measured == pytest.approx(100, rel=0.05)
+    while admission.enter() is not None:  # at its bound: the next one waits
+        pass
+    waiting = asyncio.create_task(admission.admit(1000.0))
+    await asyncio.sleep(0)
+    assert admission.waiting == 1
+    for _ in range(60):  # half a minute of windows with the line standing
+        clock.now += 0.5
+        admission._measure(clock.now)
+    assert admission.capacity == measured
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert admission.waiting == 0
+    for _ in range(60):  # the same half minute with nobody waiting: forgotten by half and more
+        clock.now += 0.5
+        admission._measure(clock.now)
+    assert (admission.capacity or 0) < measured / 2
+
+
 def test_past_the_bound_nothing_is_admitted_until_one_leaves() -> None:
     admission = Admission(pool=2, limit=3, clock=Clock())
     tickets = [admission.enter() for _ in range(3)]
@@ -204,13 +232,16 @@ async def test_the_line_of_waiting_deliveries_holds_a_bounded_number_of_body_byt
     assert ticket is not None
     first = asyncio.create_task(admission.admit(10.0, size=60))
     await asyncio.sleep(0)
+    assert admission.waiting == 1
     assert await admission.admit(10.0, size=60) is None  # 120 bytes would wait: shed at once
+    assert admission.waiting == 1
     assert not first.done()
     admission.leave(ticket)
     assert await asyncio.wait_for(first, 1) is not None
     timed_out = await admission.admit(0.01, size=100)  # the line is empty again
     assert timed_out is None
     assert admission._waiting_bytes == 0
+    assert admission.waiting == 0
 
 
 async def test_a_wait_cancelled_as_its_place_is_handed_over_gives_the_place_back() -> None:
