@@ -13,8 +13,8 @@ that a busy machine slows both alike.
   on ``bucket`` (the claim's day), with the same secondary indexes. Expiring a day: the dead
   letters of that day (kept for their retention) are moved to a ``kept`` partition, the day's
   keys are deleted from the key table (one statement, row by row: the unique key stays global,
-  so its entries must go one by one), the day's partition is detached and dropped, then
-  ``VACUUM`` of the key table.
+  so its entries must go one by one; found by a BRIN index on the day, in the order they lie
+  on disk), the day's partition is detached and dropped, then ``VACUUM`` of the key table.
 
 The receipts: ``--days`` days of traffic spread evenly, four providers, 99% completed (no
 request body: completion drops it, as the ledger does; a ~60-byte JSON answer), 1% failed
@@ -82,6 +82,11 @@ CREATE TABLE bench_keys (
     bucket     date NOT NULL,
     PRIMARY KEY (provider, webhook_id)
 );
+-- Keys are appended in claim order, so a day's keys lie together on disk: a BRIN index (a few
+-- pages) finds them, and the sweep deletes them in the order they lie instead of the random
+-- order of the primary key, which would write each page's full image again after every
+-- checkpoint (a hundred million keys: 46 GB of WAL to delete one day's).
+CREATE INDEX bench_keys_bucket ON bench_keys USING brin (bucket);
 CREATE TABLE bench_bodies (
     provider              text        NOT NULL,
     webhook_id            text        NOT NULL,
@@ -349,8 +354,8 @@ async def _sweep_partitioned(conn: asyncpg.Connection) -> dict[str, Any]:
     )
     move = time.perf_counter() - started
     deleted = await conn.fetchval(
-        "WITH d AS (DELETE FROM bench_keys k USING bench_bodies_0 b"
-        " WHERE k.provider = b.provider AND k.webhook_id = b.webhook_id RETURNING 1)"
+        "WITH d AS (DELETE FROM bench_keys"  # noqa: S608
+        f" WHERE bucket >= '{_day(0)}' AND bucket < '{_day(1)}' RETURNING 1)"
         " SELECT count(*) FROM d"
     )
     keys = time.perf_counter() - started - move
