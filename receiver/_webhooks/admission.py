@@ -24,8 +24,8 @@ something else (a noisy neighbour on its cores) would otherwise shrink its bound
 shrink it again, and end up refusing what it could do. For the same reason it is not forgotten
 while deliveries wait for a place: then the bound limits the rate measured, and a capacity
 forgotten window by window would take the bound and the rate down together for as long as a
-flood lasts. A handler that is slow by itself (an
-external call of a second) raises ``alone`` with it and is not taken for a queue.
+flood lasts. A handler that is slow by itself (an external call of a second) raises ``alone``
+with it and is not taken for a queue.
 
 Past the bound a delivery waits for a place (at most ``MAX_WAITING`` of them, holding at most
 ``MAX_WAITING_BYTES`` of bodies), for as long as its sender's budget allows (``max_wait`` for
