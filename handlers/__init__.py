@@ -39,55 +39,85 @@ async def create_tables(conn: Connection) -> None:
     await conn.execute(ORDERS_DDL)
 
 
-def _order(event: Event) -> dict[str, Any]:
-    data = event.payload.get("data")
-    if not isinstance(data, dict) or not isinstance(data.get("order_id"), str):
-        raise _BadEvent("the event needs data.order_id (a string)")
-    return data
+#: The largest amount the orders table holds (``INTEGER`` is 32 bits on PostgreSQL).
+MAX_CENTS = 2**31 - 1
+#: The longest order id and customer name taken.
+MAX_TEXT = 200
 
 
 class _BadEvent(Exception):
     pass
 
 
+def _text(data: dict[str, Any], name: str, default: str | None = None) -> str:
+    """A string field of ``data``: what a database's text column holds (PostgreSQL's cannot
+    hold NUL), of a sane length."""
+    value = data.get(name, default)
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_TEXT or "\x00" in value:
+        raise _BadEvent(f"data.{name} must be a string of 1-{MAX_TEXT} characters, without NUL")
+    return value
+
+
+def _order(event: Event) -> tuple[dict[str, Any], str]:
+    data = event.payload.get("data")
+    if not isinstance(data, dict):
+        raise _BadEvent("the event needs a data object with an order_id")
+    return data, _text(data, "order_id")
+
+
+def _cents(data: dict[str, Any]) -> int:
+    value = data.get("amount_cents", 0)
+    # A JSON integer only: a float or a string of digits is a sender's bug, not an amount.
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_CENTS:
+        raise _BadEvent(f"data.amount_cents must be a whole number of cents, 0-{MAX_CENTS}")
+    return value
+
+
+def _refused(exc: _BadEvent) -> JSONResponse:
+    # Final: the same event will not become valid on a retry. The message names the field,
+    # never echoes its value.
+    return JSONResponse({"error": str(exc)}, status_code=422)
+
+
 async def order_created(event: Event, tx: Connection) -> Any:
     try:
-        data = _order(event)
-        amount = int(data.get("amount_cents", 0))
-    except (_BadEvent, TypeError, ValueError) as exc:
-        return JSONResponse({"error": str(exc)}, status_code=422)
-    existing = await tx.fetchval("SELECT status FROM orders WHERE id = $1", data["order_id"])
+        data, order_id = _order(event)
+        customer = _text(data, "customer", "unknown")
+        amount = _cents(data)
+    except _BadEvent as exc:
+        return _refused(exc)
+    existing = await tx.fetchval("SELECT status FROM orders WHERE id = $1", order_id)
     if existing is not None:
         # A different webhook-id for an order we already have: the sender made a new event
         # for the same business object. Absolute writes make this harmless; say so.
-        return {"order_id": data["order_id"], "status": existing, "note": "already known"}
+        return {"order_id": order_id, "status": existing, "note": "already known"}
     await tx.execute(
         "INSERT INTO orders (id, customer, amount_cents, status, updated_by)"
         " VALUES ($1, $2, $3, 'created', $4)",
-        data["order_id"],
-        str(data.get("customer", "unknown")),
+        order_id,
+        customer,
         amount,
         event.id,
     )
-    return {"order_id": data["order_id"], "status": "created"}
+    return {"order_id": order_id, "status": "created"}
 
 
 async def _set_status(event: Event, tx: Connection, status: str) -> Any:
     try:
-        data = _order(event)
+        _, order_id = _order(event)
     except _BadEvent as exc:
-        return JSONResponse({"error": str(exc)}, status_code=422)
-    found = await tx.fetchval("SELECT id FROM orders WHERE id = $1", data["order_id"])
+        return _refused(exc)
+    found = await tx.fetchval("SELECT id FROM orders WHERE id = $1", order_id)
     if found is None:
         # Final, not retryable: retrying will not make the order exist.
-        return JSONResponse({"error": f"unknown order {data['order_id']}"}, status_code=422)
+        return JSONResponse({"error": f"unknown order {order_id}"}, status_code=422)
     await tx.execute(
         "UPDATE orders SET status = $1, updated_by = $2 WHERE id = $3",
         status,
         event.id,
-        data["order_id"],
+        order_id,
     )
-    return {"order_id": data["order_id"], "status": status}
+    return {"order_id": order_id, "status": status}
 
 
 async def order_paid(event: Event, tx: Connection) -> Any:
