@@ -34,7 +34,9 @@ HOP_BY_HOP = frozenset(
     }
 )
 _REQUEST_DROPPED = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
-_RESPONSE_DROPPED = HOP_BY_HOP | {b"content-length"}
+# Date and Server too: the server the proxy runs on (uvicorn, as every ASGI server) adds its
+# own, and forwarded they came twice (RFC 9110 section 6.6.1: one Date per message).
+_RESPONSE_DROPPED = HOP_BY_HOP | {b"content-length", b"date", b"server"}
 
 
 class NotSent(ReceiverError):
