@@ -139,8 +139,11 @@ class Serving(Lifecycle):
         admission = self.admission
         started = admission.clock()
         waited = 0.0 if arrived is None else started - arrived
+        # What the metrics and the log report is the time from arrival to answer, the wait for
+        # a place included: under a flood, that wait is most of what the sender sees.
+        since = started if arrived is None else arrived
         if admission.past_budget(waited, provider.timeout):
-            return self._shed(provider, headers, "past_budget", started)
+            return self._shed(provider, headers, "past_budget", since)
         # Past the bound, wait for a place while the sender's budget lasts, leaving the time the
         # delivery takes now and the answer's margin (receiver/_webhooks/admission.py: held,
         # the request is the flood's brake; refused, the sender's next would come at once).
@@ -149,12 +152,12 @@ class Serving(Lifecycle):
             patience = budget(provider.timeout, waited) - (admission.latency or 0.0)
         ticket = await admission.admit(patience, len(body))
         if ticket is None:
-            return self._shed(provider, headers, "overloaded", started)
+            return self._shed(provider, headers, "overloaded", since)
         if provider.handoff and provider.timeout is not None and provider.mode == "inline":
             left = budget(provider.timeout, waited + admission.clock() - started)
-            return await self._handoff(provider, headers, body, client, ticket, left)
+            return await self._handoff(provider, headers, body, client, ticket, left, since)
         try:
-            return await self._deliver_admitted(provider, headers, body, client)
+            return await self._deliver_admitted(provider, headers, body, client, since)
         finally:
             admission.leave(ticket)
 
@@ -166,6 +169,7 @@ class Serving(Lifecycle):
         client: str | None,
         ticket: Ticket,
         within: float,
+        arrived: float,
     ) -> Reply:
         """The delivery as a task: its own answer if it finishes ``within`` seconds, else 202
         as queued mode answers, while it runs on to completion (receiver/_webhooks/handoff.py).
@@ -173,15 +177,14 @@ class Serving(Lifecycle):
 
         async def work() -> Reply:
             try:
-                return await self._deliver_admitted(provider, headers, body, client)
+                return await self._deliver_admitted(provider, headers, body, client, arrived)
             finally:
                 self.admission.leave(ticket)
 
-        started = time.perf_counter()
         reply = await self.handoffs.run(work(), within)
         if reply is None:
             reply = Reply(replay(QUEUED, replayed=False), Outcome.HANDED_OFF)
-            self.pipeline._report(provider.name, None, None, reply, started, headers)
+            self.pipeline._report(provider.name, None, None, reply, arrived, headers)
         return reply
 
     def _shed(self, provider: Provider, headers: Headers, reason: str, started: float) -> Reply:
@@ -193,13 +196,13 @@ class Serving(Lifecycle):
         return reply
 
     async def _deliver_admitted(
-        self, provider: Provider, headers: Headers, body: bytes, client: str | None
+        self, provider: Provider, headers: Headers, body: bytes, client: str | None, arrived: float
     ) -> Reply:
         tracer = self.tracing.tracer()
         if tracer is None:
-            return await self.pipeline.deliver(provider, headers, body, client)
+            return await self.pipeline.deliver(provider, headers, body, client, arrived)
         with self.tracing.delivery(tracer, provider.name, headers) as span:
-            reply = await self.pipeline.deliver(provider, headers, body, client)
+            reply = await self.pipeline.deliver(provider, headers, body, client, arrived)
             span.finish(reply.outcome.value, reply.response.status_code, reply.fence, reply.detail)
         return reply
 

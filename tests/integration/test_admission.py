@@ -9,6 +9,7 @@ few, with the admitted ones held inside their handler.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 from typing import Any
 
@@ -214,3 +215,33 @@ async def test_past_the_bound_a_delivery_waits_briefly_for_a_place(
         assert (await first).status_code == (await second).status_code == 200
     assert calls == Counter({id1: 1, id2: 1})
     assert rx.admission.in_progress == 0
+
+
+async def test_the_wait_for_a_place_counts_in_the_reported_duration(
+    pg_store: PostgresStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An operator watching the delivery latency under a flood must see what the senders see:
+    # the time from arrival to answer, the wait for a place included.
+    rx, calls, gate = held_receiver(pg_store, max_in_progress=1, max_queue_wait=5.0)
+    (_, h1, b1), (id2, h2, b2) = delivery(1), delivery(2)
+    caplog.set_level(logging.INFO, logger="receiver")
+    async with rx:
+        first = asyncio.create_task(rx.deliver(PROVIDER, h1, b1))
+        await calls.entered(1)
+        second = asyncio.create_task(rx.deliver(PROVIDER, h2, b2))  # waits for the place
+        await asyncio.sleep(0.4)
+        gate.set()
+        assert (await first).status_code == (await second).status_code == 200
+    registry = rx.metrics.registry
+    labels = {"provider": PROVIDER, "outcome": "executed"}
+    count = registry.get_sample_value("receiver_delivery_duration_seconds_count", labels)
+    quick = registry.get_sample_value(
+        "receiver_delivery_duration_seconds_bucket", {**labels, "le": "0.25"}
+    )
+    assert (count, quick) == (2, 0)  # the second waited 0.4 s, then ran at once
+    logged = {
+        r.webhook_id: r.duration_ms  # type: ignore[attr-defined]
+        for r in caplog.records
+        if getattr(r, "outcome", None) == "executed"
+    }
+    assert logged[id2] >= 400
