@@ -31,10 +31,13 @@ import gc
 import json
 import random
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from receiver import generate_secret
 
@@ -58,6 +61,7 @@ class Answer:
     seconds: float
     retry_after: float = 0.0
     replayed: bool = False
+    new_connection: bool = False  # sent on a connection opened for it
 
 
 def requests_for(
@@ -91,11 +95,13 @@ class _Connection(asyncio.Protocol):
         self.started = 0.0
         self.timer: asyncio.TimerHandle | None = None
         self.done: Callable[[Answer], None] | None = None
+        self.new = True
 
     def start(
         self, delivery: Delivery, started: float, patience: float, done: Callable[[Answer], None]
     ) -> None:
         self.delivery, self.started, self.done, self.buffer = delivery, started, done, b""
+        self.new = self.transport is None
         self.timer = self.pool.loop.call_at(
             self.pool.loop.time() + patience - (time.perf_counter() - started), self.expire
         )
@@ -149,7 +155,7 @@ class _Connection(asyncio.Protocol):
         self.delivery = self.done = None
         if delivery is not None and done is not None:
             took = time.perf_counter() - self.started
-            done(Answer(delivery.webhook_id, status, took, retry, replayed))
+            done(Answer(delivery.webhook_id, status, took, retry, replayed, self.new))
 
 
 class Pool:
@@ -307,6 +313,13 @@ class Level:
     rows_for_gone_senders: int = 0
     written_twice: int = 0
     server_cpu_s: float = 0.0
+    #: Where the slow answers' time went: 2xx answers that took over 1 s at the sender, and
+    #: deliveries executed in over 1 s from their arrival in the process (its own duration
+    #: histogram), the difference being time before the process read them; and the share of
+    #: the slowest 1% of 2xx answers sent on a connection opened for them.
+    over_1s: int = 0
+    over_1s_in_process: int | None = None
+    slowest_on_new_connections: float | None = None
 
 
 def _percentile(values: Sequence[float], q: float) -> float | None:
@@ -323,6 +336,25 @@ def _invocations(directory: Path) -> collections.Counter[str]:
             if line:
                 found[line.split()[0]] += 1
     return found
+
+
+def _executed_over_1s(port: int) -> tuple[float, float]:
+    """From the receiver's own histogram of durations from arrival to answer: how many
+    deliveries it has executed, and how many of them took over a second."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+        text = page.read().decode()
+    executed = within = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name != "receiver_delivery_duration_seconds":
+            continue
+        for sample in family.samples:
+            if sample.labels.get("outcome") != "executed":
+                continue
+            if sample.name.endswith("_count"):
+                executed += sample.value
+            elif sample.name.endswith("_bucket") and sample.labels.get("le") == "1.0":
+                within += sample.value
+    return executed, executed - within
 
 
 class Overload:
@@ -373,11 +405,15 @@ class Overload:
             self._warm(server, int(capacity * 2), 64)
             deliveries = requests_for(ids, self.template, self.signer, server.port)
             cpu = server.cpu_seconds()
+            executed, slow = _executed_over_1s(server.port)
             limit, connections = self.args.sender_timeout, self.args.connections
             answers = run_async(offer(deliveries, rate, server.port, limit, connections))
             time.sleep(1.0)  # let the work of abandoned deliveries end before counting it
             cpu = server.cpu_seconds() - cpu
+            executed_after, slow_after = _executed_over_1s(server.port)
         result = Level(side, multiple, rate, seconds, len(ids), server_cpu_s=round(cpu, 1))
+        if executed_after > executed:
+            result.over_1s_in_process = round(slow_after - slow)
         self._score(result, answers, invocations, capacity)
         return result
 
@@ -399,6 +435,11 @@ class Overload:
         result.goodput_of_capacity = round(result.goodput_per_s / capacity, 3)
         latencies = [a.seconds * 1000 for a in good]
         p50, p99 = _percentile(latencies, 0.5), _percentile(latencies, 0.99)
+        result.over_1s = sum(1 for a in good if a.seconds > 1.0)
+        slowest = sorted(good, key=lambda a: a.seconds)[-max(1, len(good) // 100) :]
+        if good:
+            share = sum(a.new_connection for a in slowest) / len(slowest)
+            result.slowest_on_new_connections = round(share, 3)
         result.p50_ms = None if p50 is None else round(p50, 1)
         result.p99_ms = None if p99 is None else round(p99, 1)
         runs = _invocations(invocations)
@@ -479,15 +520,19 @@ def _markdown(levels: Sequence[Level], capacity: float) -> str:
         f"capacity (1x): {capacity:.0f} deliveries/s",
         "",
         "| side | load | offered/s | goodput/s | of 1x | p50 | p99 | shed | timed out | "
-        "no connection | runs/delivery | rows for gone senders | written twice |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "no connection | runs/delivery | rows for gone senders | written twice | "
+        "2xx over 1 s: at the sender / in the process | slowest 1% on new connections |",
+        "|" + " --- |" * 15,
     ]
     for r in levels:
+        new = "-" if r.slowest_on_new_connections is None else f"{r.slowest_on_new_connections:.0%}"
         lines.append(
             f"| {r.side} | {r.multiple:g}x | {r.offered_per_s:.0f} | {r.goodput_per_s:.0f} | "
             f"{r.goodput_of_capacity:.0%} | {r.p50_ms} ms | {r.p99_ms} ms | {r.shed} | "
             f"{r.timed_out} | {r.no_connection} | {r.runs_per_delivery} | "
-            f"{r.rows_for_gone_senders} | {r.written_twice} |"
+            f"{r.rows_for_gone_senders} | {r.written_twice} | "
+            f"{r.over_1s} / {'-' if r.over_1s_in_process is None else r.over_1s_in_process} | "
+            f"{new} |"
         )
     return "\n".join(lines)
 
