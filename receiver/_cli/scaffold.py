@@ -32,9 +32,28 @@ commit leaves nothing behind. (The table has no unique constraint on purpose: th
 that the ledger, not the table, keeps the effect to one.)
 """
 
+from typing import Any
+
+from starlette.responses import JSONResponse
+
 from receiver import Connection, Event, Receiver
 
 ORDERS_DDL = "CREATE TABLE IF NOT EXISTS orders (id TEXT NOT NULL, total INTEGER NOT NULL)"
+
+
+def valid(order: Any) -> bool:
+    """What the table holds: an id of 1-200 characters without NUL (PostgreSQL's text has
+    none), a total of whole cents that fits INTEGER."""
+    if not isinstance(order, dict):
+        return False
+    order_id, total = order.get("id"), order.get("total")
+    return (
+        isinstance(order_id, str)
+        and 0 < len(order_id) <= 200
+        and "\\x00" not in order_id
+        and type(total) is int
+        and 0 <= total < 2**31
+    )
 
 
 def register(rx: Receiver) -> None:
@@ -43,8 +62,12 @@ def register(rx: Receiver) -> None:
         await conn.execute(ORDERS_DDL)
 
     @rx.on("order.created")
-    async def created(event: Event, tx: Connection) -> dict[str, str]:
-        order = event.payload["data"]
+    async def created(event: Event, tx: Connection) -> Any:
+        order = event.payload.get("data")
+        if not valid(order):
+            # Final: the same event will never fit, so a 422 (a 5xx would be retried for nothing).
+            detail = "data needs an id (text) and a total (whole cents)"
+            return JSONResponse({{"error": detail}}, status_code=422)
         await tx.execute(
             "INSERT INTO orders (id, total) VALUES ($1, $2)", order["id"], order["total"]
         )

@@ -80,6 +80,47 @@ def test_its_tests_catch_a_handler_writing_outside_tx(tmp_path: Path) -> None:
     ), ran.stdout
 
 
+BAD_ORDERS = """\
+import pytest
+
+from receiver.testing import Sender, assert_count
+from test_orders import SECRET, build
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "data",
+    [
+        None,
+        [],
+        {},
+        {"id": "o", "total": 2**31},
+        {"id": "o", "total": 1.5},
+        {"id": "a\\x00b", "total": 1},
+    ],
+)
+async def test_an_order_the_table_cannot_hold_is_a_final_422(receiver_store, receiver_clock, data):
+    rx = build(receiver_store, receiver_clock)
+    async with rx, Sender(rx, "shop", SECRET, clock=receiver_clock) as shop:
+        answer = await shop.send(shop.event("order.created", data))
+        assert answer.status == 422, answer
+        await assert_count(rx.store, 0, "SELECT count(*) FROM orders")
+"""
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_its_handler_answers_422_to_an_order_the_table_cannot_hold(
+    tmp_path: Path, kind: str, pg_admin_url: str
+) -> None:
+    # A 5xx would have the sender retry an event that can never fit, for days.
+    project = tmp_path / "shop"
+    init(project)
+    (project / "test_bad_orders.py").write_text(BAD_ORDERS)
+    ran = pytest_in(project, pg_admin_url if kind == "postgresql" else None)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "9 passed" in ran.stdout, ran.stdout
+
+
 def test_a_tool_is_never_queued(tmp_path: Path) -> None:
     made = subprocess.run(
         [RECEIVER, "init", str(tmp_path / "x"), "--tool", "--queued"],
