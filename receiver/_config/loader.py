@@ -414,10 +414,12 @@ class _Parser:
 
     def env_names(self, key: Key, value: object, example: str) -> tuple[str, ...]:
         if not isinstance(value, list) or not value:
+            # Never echo a secret put where its variable's name belongs.
+            shown = "a secret" if _secret_like(value) else show(value)
             raise self.error(
                 key,
                 "expected a non-empty list of environment variable names, "
-                f'e.g. ["{example}"], got {show(value)}',
+                f'e.g. ["{example}"], got {shown}',
             )
         for index, item in enumerate(value):
             # Never echo the value: if it is not a name, it may well be the secret itself.
@@ -488,3 +490,7 @@ def _app_from_environment() -> Receiver:
     if not path:
         raise ConfigurationError("RECEIVER_CONFIG is not set: name the configuration file")
     return load_config(path).receiver(store=os.environ.get("RECEIVER_STORE") or None)
+
+
+def _secret_like(value: object) -> bool:
+    return isinstance(value, str) and value.strip().startswith(_SECRET_PREFIXES)

@@ -123,7 +123,8 @@ def cancel(console: Console) -> Any:
 
 
 def _job_id(text: str) -> int:
-    if not text.isdigit() or len(text) > 18:
+    # ASCII digits only: str.isdigit() takes "²", which int() refuses.
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
         raise BadRequest("name the bulk replay: ?id=N")
     return int(text)
 

@@ -361,3 +361,14 @@ def test_a_job_confirmed_without_handlers_waits_for_them(tmp_path: Path) -> None
             return await bulkapp.runs(rx.store)
 
     assert asyncio.run(check()) == {f"s{n}": 1 for n in range(5)}
+
+
+@pytest.mark.parametrize("text", ["\u00b2", "\u0663", "1" * 19, "", "-1"])
+def test_a_bulk_job_id_is_ascii_digits(text: str) -> None:
+    # "²" and "٣" pass str.isdigit() and fail int(): a 400, not a 500.
+    from receiver._console.bulk_pages import _job_id
+    from receiver._console.forms import BadRequest
+
+    with pytest.raises(BadRequest):
+        _job_id(text)
+    assert _job_id("12") == 12

@@ -431,6 +431,11 @@ ERRORS = [
         'variable names, e.g. ["MY_APP_SECRET"], got "A" (a string)',
     ),
     (
+        '[providers.b]\nsecrets_env = "whsec_c2VjcmV0"\n',
+        "receiver.toml:2: providers.b.secrets_env: expected a non-empty list of environment "
+        'variable names, e.g. ["B_SECRET"], got a secret',
+    ),
+    (
         "[providers.b]\nsecrets_env = []\n",
         "receiver.toml:2: providers.b.secrets_env: expected a non-empty list of environment "
         'variable names, e.g. ["B_SECRET"], got an array',
