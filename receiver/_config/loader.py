@@ -112,6 +112,11 @@ _HANDLER = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*(?::[A-Za-z_]\w*)?")
 _SECRET_PREFIXES = ("whsec_", "whpk_", "whsk_")
 
 
+def _secret_like(value: object) -> bool:
+    """Whether ``value`` looks like a webhook secret: an error message must never echo it."""
+    return isinstance(value, str) and value.strip().startswith(_SECRET_PREFIXES)
+
+
 def load_config(path: str | os.PathLike[str]) -> Config:
     """Read and check a configuration file; raise ConfigurationError naming line and key.
 
@@ -423,7 +428,7 @@ class _Parser:
             )
         for index, item in enumerate(value):
             # Never echo the value: if it is not a name, it may well be the secret itself.
-            if isinstance(item, str) and item.startswith(_SECRET_PREFIXES):
+            if _secret_like(item):
                 raise self.error(
                     (*key, index),
                     "this is a secret, not the name of an environment variable: put it in a "
@@ -490,7 +495,3 @@ def _app_from_environment() -> Receiver:
     if not path:
         raise ConfigurationError("RECEIVER_CONFIG is not set: name the configuration file")
     return load_config(path).receiver(store=os.environ.get("RECEIVER_STORE") or None)
-
-
-def _secret_like(value: object) -> bool:
-    return isinstance(value, str) and value.strip().startswith(_SECRET_PREFIXES)
