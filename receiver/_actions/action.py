@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import decimal
 import hashlib
+import math
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -104,6 +105,8 @@ def fingerprint(request: Mapping[str, Any], volatile: Iterable[str] = ()) -> byt
         text = orjson.dumps(_normalize(request, dropped, ()), option=orjson.OPT_SORT_KEYS)
     except TypeError as exc:
         raise ActionError(f"the action's request is not JSON: {exc}") from exc
+    except RecursionError:
+        raise ActionError("the action's request is nested too deeply to be JSON") from None
     return hashlib.sha256(text).digest()
 
 
@@ -118,6 +121,10 @@ def _normalize(value: Any, dropped: list[tuple[str, ...]], path: tuple[str, ...]
         }
     if isinstance(value, list | tuple):
         return [_normalize(v, dropped, path) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        # JSON has no NaN or infinity (orjson writes null): kept, it would replay as None.
+        where = ".".join(path) or "the request"
+        raise ActionError(f"the action's request holds NaN or an infinity at {where}: not JSON")
     if isinstance(value, float) and value.is_integer():
         # A float's value is the decimal its shortest text gives back (what the JSON it was read
         # from said); an integral one is that integer, where a 64-bit integer holds it.

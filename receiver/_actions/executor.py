@@ -67,7 +67,7 @@ logger = logging.getLogger("receiver.actions")
 
 F = TypeVar("F", bound=ToolFunc)
 
-_TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+_TOOL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 _JSON = "application/json"
 _DAY = 86_400.0
 
@@ -132,12 +132,15 @@ class Actions(Steps):
         dead_letter_retention: float | None = None,
         audit_retention: float | None = None,
     ) -> None:
+        for name, value in (("lease", lease), ("window", window), ("wait", wait)):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigurationError(f"{name} is seconds, a number, not {value!r}")
         if not 0 < lease <= window:
             raise ConfigurationError(
                 f"lease ({lease!r} s) must be positive and within the window ({window!r} s): "
                 "a key must not expire while an attempt still holds it"
             )
-        if wait < 0:
+        if not wait >= 0:
             raise ConfigurationError(f"wait must be >= 0 seconds, not {wait!r}")
         self.lease, self.window, self.wait = lease, window, wait
         self.encoder = encoder
@@ -231,7 +234,7 @@ class Actions(Steps):
     ) -> Tool:
         """Register ``func(call, tx)`` as the tool ``name``. ``volatile`` names request fields
         left out of the fingerprint (timestamps, the model's explanation)."""
-        if not isinstance(name, str) or not _TOOL_NAME.match(name):
+        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
             raise ConfigurationError(
                 f"tool name {name!r} must start with a letter and have at most 64 letters, "
                 "digits, '_', '.' or '-'"
@@ -248,6 +251,10 @@ class Actions(Steps):
             raise ConfigurationError(f"reconcile= only applies to effects='external' ({name!r})")
         if reconcile is not None and not inspect.iscoroutinefunction(reconcile):
             raise ConfigurationError(f"reconcile of tool {name!r} must be 'async def'")
+        if isinstance(volatile, str) or not all(isinstance(v, str) for v in volatile):
+            raise ConfigurationError(
+                f"volatile of tool {name!r} takes a list of field names, such as ['reason']"
+            )
         if lease is not None and not 0 < lease <= self.window:
             raise ConfigurationError(f"lease of tool {name!r} must be in (0, window]")
         tool = Tool(name, func, effects, reconcile, frozenset(volatile), lease)
@@ -292,6 +299,10 @@ class Actions(Steps):
         for name, part in (("scope", scope), ("action_id", action_id)):
             if not isinstance(part, str) or not part or len(part) > 200:
                 raise ActionError(f"{name} must be a non-empty string of at most 200 characters")
+            if not part.isprintable():  # no control character, lone surrogate or line break
+                raise ActionError(f"{name} must be printable text (no control characters)")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise ActionError(f"version must be a whole number from 1, not {version!r}")
         if not isinstance(request, Mapping):
             raise ActionError("the action's request must be a JSON object (a mapping)")
         return Action(
@@ -312,6 +323,10 @@ class Actions(Steps):
         ActionNeedsReview for an interrupted external tool), or the tool's own exception (the
         claim was released: retrying runs it again).
         """
+        if not isinstance(action, Action):
+            raise ActionError(
+                f"execute() takes the Action propose() made, not a {type(action).__name__}"
+            )
         tool = self._tool(action.tool)
         if turn is not None and self.metrics is not None:
             self.metrics.turn(tool.name, turn, action.key)

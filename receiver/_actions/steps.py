@@ -58,6 +58,8 @@ class Steps:
     _cache: ReplayCache | None
 
     def _tool(self, name: str) -> Tool:
+        if not isinstance(name, str):
+            raise ActionError(f"a tool is named by a string, not a {type(name).__name__}")
         tool = self._tools.get(name)
         if tool is None:
             raise ActionError(f"no tool named {name!r}; registered: {sorted(self._tools)}")

@@ -20,6 +20,7 @@ from typing import Any
 
 from .._console import actions, bulk
 from .._exceptions import ReceiverError
+from . import values
 from .loading import config_receiver, load_receiver, text_argument, when
 
 
@@ -36,9 +37,12 @@ def add_bulk_arguments(parser: argparse.ArgumentParser) -> None:
         "--yes", metavar="N", help="with --filter: confirm, with the number --dry-run counted"
     )
     parser.add_argument(
-        "--rate", type=float, default=bulk.DEFAULT_RATE, help="bulk replay: deliveries a second"
+        "--rate",
+        type=values.positive,
+        default=bulk.DEFAULT_RATE,
+        help="bulk replay: deliveries a second",
     )
-    parser.add_argument("--job", type=int, help="go on with a bulk replay (its id)")
+    parser.add_argument("--job", type=values.count, help="go on with a bulk replay (its id)")
 
 
 def wants_bulk(args: argparse.Namespace) -> bool:

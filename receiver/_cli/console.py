@@ -22,6 +22,7 @@ import uvicorn
 
 from .._console import Console, sessions
 from .._exceptions import ReceiverError
+from . import values
 from .loading import DEFAULT_APP, config_receiver, existing_store, load_receiver, read
 from .receipts import default_actor
 
@@ -37,11 +38,13 @@ def add_console_parser(sub: Any, add: Callable[..., None]) -> None:
     add(parser, "app", "a Receiver, module:attribute, whose handlers replays run")
     add(parser, "config", "a TOML file whose Receiver's handlers replays run (instead of --app)")
     add(parser, "host", "interface to bind", "127.0.0.1")
-    add(parser, "port", "port to bind", 8100, type=int)
+    add(parser, "port", "port to bind", 8100, type=values.port)
     add(parser, "token-file", f"a file holding the token (else the env var {TOKEN_ENV})")
     add(parser, "console-operators", "a TOML file of [[operator]] tables: name, role, token_sha256")
-    add(parser, "bulk-rate", "deliveries a second a bulk replay runs at", 20.0, type=float)
-    add(parser, "log-level", "uvicorn log level", "info")
+    add(
+        parser, "bulk-rate", "deliveries a second a bulk replay runs at", 20.0, type=values.positive
+    )
+    add(parser, "log-level", "uvicorn log level", "info", type=values.log_level)
     parser.add_argument(
         "--end-sessions",
         action="store_true",

@@ -62,16 +62,23 @@ def project_files(name: str, *, tool: bool, queued: bool = False) -> dict[str, s
 
 def init_command(args: argparse.Namespace) -> int:
     target = Path(args.directory)
-    files = project_files(target.resolve().name or "app", tool=args.tool, queued=args.queued)
-    existing = [n for n in files if (target / n).exists()]
-    if existing and not args.force:
-        raise ReceiverError(
-            f"{', '.join(existing)} already exist in {target}: choose an empty directory, or "
-            "--force to overwrite them"
-        )
-    target.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        (target / name).write_text(text, encoding="utf-8")
+    try:
+        name = target.resolve().name or "app"
+        files = project_files(name, tool=args.tool, queued=args.queued)
+        if target.exists() and not target.is_dir():
+            raise ReceiverError(f"{target} is a file: init writes a project into a directory")
+        existing = [n for n in files if (target / n).exists()]
+        if existing and not args.force:
+            raise ReceiverError(
+                f"{', '.join(existing)} already exist in {target}: choose an empty directory, "
+                "or --force to overwrite them"
+            )
+        target.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (target / name).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        # A name too long, no permission, a full disk: said in one line, not a traceback.
+        raise ReceiverError(f"cannot write the project in {target}: {exc.strerror}") from None
     print(f"receiver: wrote {', '.join(files)} in {target}")
     print(f"  cd {target} && python -m pytest")
     return 0

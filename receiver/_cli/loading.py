@@ -138,12 +138,6 @@ def text_argument(name: str, value: str) -> str:
     return value
 
 
-def positive(name: str, value: int) -> int:
-    if value <= 0:
-        raise ReceiverError(f"{name} must be a positive number, not {value}")
-    return value
-
-
 def existing_store(url: str) -> Store:
     """The store of a command that only reads receipts: a SQLite path that does not exist is
     a typo to report, not a new empty database to create."""

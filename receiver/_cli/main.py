@@ -17,6 +17,7 @@ from typing import Any
 from .._exceptions import ReceiverError
 from .._logging import FORMATS
 from .._webhooks.app import DEFAULT_STORE
+from . import values
 from .bulk import add_bulk_arguments
 from .console import add_console_parser, console_command
 from .init import add_init_parser, init_command
@@ -64,9 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "config", CONFIG_HELP)
     _add(serve, "store", STORE_HELP)
     _add(serve, "host", "interface to bind", "127.0.0.1")
-    _add(serve, "port", "port to bind", 8000, type=int)
-    _add(serve, "workers", "uvicorn worker processes", 1, type=int)
-    _add(serve, "log-level", "uvicorn log level", "info")
+    _add(serve, "port", "port to bind", 8000, type=values.port)
+    _add(serve, "workers", "uvicorn worker processes", 1, type=values.count)
+    _add(serve, "log-level", "uvicorn log level", "info", type=values.log_level)
     _add(serve, "log-format", "json (one object per line) or text", "json", choices=FORMATS)
 
     migrate = sub.add_parser(
@@ -95,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         "expired receipts and keys (stale webhook and action claims need their handlers and "
         "tools: --app or --config); with --config, the store instead of the file's",
     )
-    _add(sweep, "batch", "receipts per batch", 100, type=int)
+    _add(sweep, "batch", "receipts per batch", 100, type=values.count)
     _add(sweep, "dead-letter-retention", "with --store: dead letters kept after their window (7d)")
     _add(sweep, "audit-retention", "with --store: operators' audit records kept (365d)")
 
@@ -106,23 +107,29 @@ def build_parser() -> argparse.ArgumentParser:
     _add(worker, "app", "the Receiver whose queued handlers to run, module:attribute", DEFAULT_APP)
     _add(worker, "config", CONFIG_HELP)
     _add(worker, "store", STORE_HELP)
-    _add(worker, "concurrency", "attempts run at once by this process", 16, type=int)
+    _add(worker, "concurrency", "attempts run at once by this process", 16, type=values.count)
     _add(
         worker,
         "group",
         "PostgreSQL: at most this many deliveries whose handlers are all transactional share one "
         "transaction (1: each its own)",
         8,
-        type=int,
+        type=values.count,
     )
-    _add(worker, "poll-interval", "seconds between polls when no NOTIFY arrives", 1.0, type=float)
+    _add(
+        worker,
+        "poll-interval",
+        "seconds between polls when no NOTIFY arrives",
+        1.0,
+        type=values.positive,
+    )
     _add(
         worker,
         "stale-interval",
         "seconds between looks for deliveries a dead worker left in flight (each is taken over "
         "once its lease ran out: at most lease + this after the death)",
         5.0,
-        type=float,
+        type=values.positive,
     )
     worker.add_argument(
         "--factory",
@@ -131,9 +138,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="--app names a function that builds the Receiver, called as app(store=URL) when "
         "--store is given, else app() [env RECEIVER_FACTORY]",
     )
-    _add(worker, "grace", "on SIGTERM, seconds to let running attempts finish", 30.0, type=float)
-    _add(worker, "metrics-port", "serve Prometheus metrics on this port (0: none)", 0, type=int)
-    _add(worker, "log-level", "log level", "info")
+    _add(
+        worker,
+        "grace",
+        "on SIGTERM, seconds to let running attempts finish",
+        30.0,
+        type=values.not_negative,
+    )
+    _add(
+        worker,
+        "metrics-port",
+        "serve Prometheus metrics on this port (0: none)",
+        0,
+        type=values.port,
+    )
+    _add(worker, "log-level", "log level", "info", type=values.log_level)
     _add(worker, "log-format", "json (one object per line) or text", "json", choices=FORMATS)
 
     inspect = sub.add_parser("inspect", help="show one receipt: state, attempts, stored answer")
@@ -149,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     failed = sub.add_parser("failed", help="list receipts whose handlers failed")
     _add(failed, "store", "store URL", DEFAULT_STORE)
     _add(failed, "provider", "only this provider", "")
-    _add(failed, "limit", "at most this many", 50, type=int)
+    _add(failed, "limit", "at most this many", 50, type=values.count)
 
     replay = sub.add_parser(
         "replay",
@@ -166,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(replay, "app", "the Receiver whose handlers run the replay, module:attribute", DEFAULT_APP)
     _add(replay, "config", CONFIG_HELP)
     _add(replay, "provider", "with --all-failed: only this provider", "")
-    _add(replay, "limit", "with --all-failed: at most this many", 100, type=int)
+    _add(replay, "limit", "with --all-failed: at most this many", 100, type=values.count)
     _add(
         replay, "reason", "why, recorded in the audit with each replay", "given on the command line"
     )

@@ -27,7 +27,6 @@ from .loading import (
     config_receiver,
     load_app,
     load_receiver,
-    positive,
 )
 
 
@@ -170,9 +169,6 @@ def worker_command(args: argparse.Namespace) -> int:
         if args.store:
             os.environ["RECEIVER_STORE"] = args.store
         rx = load_receiver(args.app)
-    positive("--concurrency", args.concurrency)
-    positive("--group", args.group)
-    positive("--stale-interval", args.stale_interval)
     if rx.store.dialect == "sqlite":
         print(
             "receiver: worker on SQLite: run a single worker process (SQLite has one writer)",

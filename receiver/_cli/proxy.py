@@ -19,6 +19,7 @@ from .._logging import FORMATS, logging_config
 from .._proxy.app import IdempotencyProxy, authorization_principal
 from .._store.url import store_from_url
 from .._webhooks.app import DEFAULT_STORE
+from . import values
 from .loading import load_app
 
 _OPTIONS = "RECEIVER_PROXY_OPTIONS"
@@ -33,8 +34,8 @@ def add_proxy_parser(sub: Any, add: Callable[..., None]) -> None:
     add(p, "upstream", "the upstream's base URL (required): http(s)://host, optional port and path")
     add(p, "store", "store URL: sqlite:///path.db or postgresql://...", DEFAULT_STORE)
     add(p, "host", "interface to bind", "127.0.0.1")
-    add(p, "port", "port to bind", 8080, type=int)
-    add(p, "workers", "uvicorn worker processes", 1, type=int)
+    add(p, "port", "port to bind", 8080, type=values.port)
+    add(p, "workers", "uvicorn worker processes", 1, type=values.count)
     add(p, "methods", "comma-separated methods that are keyed", "POST,PATCH")
     add(p, "paths", "comma-separated paths keyed (exact, or a prefix ending in /*); default all")
     add(p, "required", "comma-separated paths where a request without a key is 400", "")
@@ -50,13 +51,15 @@ def add_proxy_parser(sub: Any, add: Callable[..., None]) -> None:
         "forwarded again [env RECEIVER_UPSTREAM_DEDUPLICATES]",
     )
     add(p, "retry-statuses", "upstream statuses meaning 'did not act': given back", "429,503")
-    add(p, "timeout", "seconds for a whole upstream call", 30.0, type=float)
-    add(p, "connect-timeout", "seconds to connect to the upstream", 5.0, type=float)
-    add(p, "lease", "seconds an attempt holds its key (more than --timeout)", 60.0, type=float)
-    add(p, "ttl", "seconds a key and its answer are kept", 86_400.0, type=float)
-    add(p, "wait", "seconds a concurrent retry waits for the first answer", 0.0, type=float)
-    add(p, "max-body-size", "bytes of a keyed request's body", 1024 * 1024, type=int)
-    add(p, "max-response-size", "bytes of an answer stored", 10 * 1024 * 1024, type=int)
+    add(p, "timeout", "seconds for a whole upstream call", 30.0, type=values.positive)
+    add(p, "connect-timeout", "seconds to connect to the upstream", 5.0, type=values.positive)
+    lease = "seconds an attempt holds its key (more than --timeout)"
+    add(p, "lease", lease, 60.0, type=values.positive)
+    add(p, "ttl", "seconds a key and its answer are kept", 86_400.0, type=values.positive)
+    wait = "seconds a concurrent retry waits for the first answer"
+    add(p, "wait", wait, 0.0, type=values.not_negative)
+    add(p, "max-body-size", "bytes of a keyed request's body", 1024 * 1024, type=values.count)
+    add(p, "max-response-size", "bytes of an answer stored", 10 * 1024 * 1024, type=values.count)
     add(p, "namespace", "the ledger namespace of this proxy's keys (proxy:NAME)", "default")
     add(p, "upstream-ca", "a CA bundle to check the upstream's TLS certificate against")
     add(
@@ -64,9 +67,9 @@ def add_proxy_parser(sub: Any, add: Callable[..., None]) -> None:
         "metrics-port",
         "serve Prometheus metrics here (0: none; one worker)",
         0,
-        type=int,
+        type=values.port,
     )
-    add(p, "log-level", "log level", "info")
+    add(p, "log-level", "log level", "info", type=values.log_level)
     add(p, "log-format", "json (one object per line) or text", "json", choices=FORMATS)
 
 

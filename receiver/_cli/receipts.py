@@ -25,7 +25,6 @@ from .loading import (
     config_receiver,
     existing_store,
     load_receiver,
-    positive,
     read,
     text_argument,
     when,
@@ -75,7 +74,7 @@ def inspect_command(args: argparse.Namespace) -> int:
 
 def failed_command(args: argparse.Namespace) -> int:
     provider = text_argument("--provider", args.provider)
-    limit = positive("--limit", args.limit)
+    limit = args.limit
     store = existing_store(args.store)
 
     async def run() -> list[Row]:
@@ -131,7 +130,6 @@ def replay_command(args: argparse.Namespace) -> int:
         raise ReceiverError(
             "replay takes PROVIDER WEBHOOK_ID, or --all-failed [--provider P] [--limit N]"
         )
-    positive("--limit", args.limit)
     for index, value in enumerate(args.target):
         text_argument("provider" if index == 0 else "webhook id", value)
     text_argument("--provider", args.provider)

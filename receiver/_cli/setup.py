@@ -20,7 +20,7 @@ from .._store.url import store_from_url
 from .._verification.verifier import sign
 from .._webhooks.app import DEFAULT_STORE
 from .._webhooks.schedules import PRESETS, dedup_window, describe
-from .loading import check_config_alone, load_receiver
+from .loading import check_config_alone, existing_store, load_receiver
 
 
 def ttl_command(args: argparse.Namespace) -> int:
@@ -48,7 +48,8 @@ def ttl_command(args: argparse.Namespace) -> int:
 
 def migrate(args: argparse.Namespace) -> int:
     url = args.store or (load_config(args.config).store if args.config else DEFAULT_STORE)
-    store = store_from_url(url)
+    # --check changes nothing: a SQLite file that is not there is reported, not created.
+    store = existing_store(url) if args.check else store_from_url(url)
     if isinstance(store, SQLiteStore):
         store.auto_migrate = False  # this command applies (or checks) them itself
 
@@ -80,6 +81,15 @@ def send(args: argparse.Namespace) -> int:
         print("receiver send: --secret (or RECEIVER_SECRET) is required", file=sys.stderr)
         return 2
     webhook_id = args.id or f"msg_{uuid.uuid4().hex}"
+    if not (webhook_id.isascii() and webhook_id.isprintable()):
+        # An HTTP header is ASCII; the Standard Webhooks ids are too.
+        print(f"receiver send: --id must be printable ASCII, not {webhook_id!a}", file=sys.stderr)
+        return 2
+    try:
+        httpx.URL(args.url)
+    except httpx.InvalidURL as exc:
+        print(f"receiver send: --url is not a URL: {exc}", file=sys.stderr)
+        return 2
     if args.data is None:
         # Named after the id: a new id is a new event, never the same payload under another id
         # (which the receiver reports as key drift), and the same id is the same payload.

@@ -267,7 +267,7 @@ class _Parser:
         key: Key = ("providers", name)
         if not isinstance(table, dict):
             raise self.error(key, f"expected a table [providers.{name}], got {show(table)}")
-        if not _NAME.match(name):
+        if not _NAME.fullmatch(name):
             raise self.error(
                 key, "a provider name is 1-64 letters, digits, '-' or '_' (it is a URL path)"
             )
@@ -280,7 +280,7 @@ class _Parser:
             )
         self.known_keys(key, table, _PROVIDER_KEYS, "a provider")
         scheme = table.get("scheme", "standard-webhooks")
-        if scheme not in SCHEMES:
+        if not isinstance(scheme, str) or scheme not in SCHEMES:
             raise self.error(
                 (*key, "scheme"),
                 f"unknown scheme {show(scheme)}; known schemes: {', '.join(sorted(SCHEMES))}",

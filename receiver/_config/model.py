@@ -8,6 +8,7 @@ committed, copied and pasted into tickets; deployments already keep secrets in t
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -115,6 +116,13 @@ class Config:
         )
         for index, register in enumerate(registers):
             try:
+                inspect.signature(register).bind(rx)
+            except TypeError as exc:  # a register() that cannot be called with the Receiver
+                raise self._error(
+                    ("handlers", index),
+                    f"{self.handlers[index]} must take one argument, the Receiver ({exc})",
+                ) from None
+            try:
                 register(rx)
             except ConfigurationError as exc:
                 raise self._error(("handlers", index), f"{self.handlers[index]}: {exc}") from exc
@@ -161,6 +169,9 @@ class Config:
             module = importlib.import_module(module_name)
         except ImportError as exc:
             raise self._error(key, f"cannot import {module_name}: {exc}") from exc
+        except SyntaxError as exc:
+            where = f"{exc.filename}:{exc.lineno}" if exc.filename else module_name
+            raise self._error(key, f"cannot import {module_name}: {where}: {exc.msg}") from exc
         func = getattr(module, attr or "register", None)
         if func is None:
             raise self._error(

@@ -140,14 +140,26 @@ def moment(text: str, now: float, name: str) -> float | None:
     text = text.strip()
     if not text:
         return None
-    if text[-1:] in _RELATIVE and text[:-1].isdigit():
-        return now - int(text[:-1]) * _RELATIVE[text[-1]]
     try:
-        return float(text) if text.replace(".", "", 1).isdigit() else _iso(text)
+        if not text.isascii():
+            raise ValueError(text)
+        if text[-1:] in _RELATIVE and text[:-1].isdigit():
+            seconds = now - int(text[:-1]) * _RELATIVE[text[-1]]
+        elif text.replace(".", "", 1).isdigit():
+            seconds = float(text)
+        else:
+            seconds = _iso(text)
     except (ValueError, OverflowError):
         raise ReceiverError(
             f"{name} {text!r} is not a time: give 2h, 7d, unix seconds or 2026-12-04T15:00"
         ) from None
+    # Receipts are from 1970 on; a moment past year 9999 cannot even be shown.
+    if not 0 <= seconds <= _LAST_MOMENT:
+        raise ReceiverError(f"{name} {text!r} is before 1970 or after 9999")
+    return seconds
+
+
+_LAST_MOMENT = datetime.datetime(9999, 12, 31, 23, 59, 59, tzinfo=datetime.UTC).timestamp()
 
 
 def _iso(text: str) -> float:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import urllib.parse
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from .._exceptions import ReceiverError
 
 #: The largest form accepted (a re-run's pasted payload is the big one).
 MAX_FORM = 2 * 1024 * 1024
+#: More fields than any of the console's forms has.
+MAX_FIELDS = 50
 
 
 class BadRequest(ReceiverError):
@@ -23,13 +25,19 @@ async def read_form(request: Request) -> dict[str, str]:
     if kind != "application/x-www-form-urlencoded":
         return {}
     body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_FORM:
-            raise BadRequest(f"the form is larger than {MAX_FORM} bytes")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_FORM:
+                raise BadRequest(f"the form is larger than {MAX_FORM} bytes")
+    except ClientDisconnect:
+        # Nobody reads the answer; a 400 keeps it out of the error log.
+        raise BadRequest("the client left before its form was read") from None
+    if body.count(b"&") >= MAX_FIELDS:
+        raise BadRequest(f"the form has more than {MAX_FIELDS} fields")
     try:
         pairs = urllib.parse.parse_qsl(
-            body.decode(), keep_blank_values=True, max_num_fields=50, strict_parsing=False
+            body.decode(), keep_blank_values=True, max_num_fields=MAX_FIELDS, strict_parsing=False
         )
     except (UnicodeDecodeError, ValueError):
         raise BadRequest("the form is not valid urlencoded UTF-8") from None

@@ -134,8 +134,8 @@ class IdempotencyKeyMiddleware:
                 f"lease ({lease!r} s) must be positive and at most the ttl ({ttl!r} s): a key "
                 "must not expire while its first request still runs"
             )
-        if wait < 0 or max_body_size <= 0:
-            raise ConfigurationError("wait must be >= 0 and max_body_size positive")
+        if not wait >= 0 or not isinstance(max_body_size, int) or max_body_size <= 0:
+            raise ConfigurationError("wait must be >= 0 seconds and max_body_size positive bytes")
         if not callable(principal):
             raise ConfigurationError(
                 "principal= must be a function of the ASGI scope returning who sent the "
@@ -158,6 +158,8 @@ class IdempotencyKeyMiddleware:
         )
         #: How long each route usually takes, for Retry-After (receiver/_ops/durations.py).
         self.durations = Durations()
+        if isinstance(methods, str) or not all(isinstance(m, str) for m in methods):
+            raise ConfigurationError("methods= takes a list of HTTP methods, such as ['POST']")
         self.methods = frozenset(m.upper() for m in methods)
         self.paths = None if paths is None else tuple(paths)
         self.required = tuple(required)

@@ -20,6 +20,7 @@ mean "run it again".
 from __future__ import annotations
 
 import decimal
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -63,7 +64,7 @@ def dumps(value: Any, encoder: Encoder | None = None) -> bytes:
         raise NotStorable(_type_name(obj))
 
     try:
-        return orjson.dumps(value, default=default)
+        out = orjson.dumps(value, default=default)
     except NotStorable:
         raise
     except orjson.JSONEncodeError as exc:
@@ -72,6 +73,20 @@ def dumps(value: Any, encoder: Encoder | None = None) -> bytes:
         if isinstance(cause, NotStorable):
             raise cause from None
         raise NotStorable(_refused(value, str(exc))) from None
+    # orjson writes a NaN or an infinity as null: stored so, it would replay as None.
+    if b"null" in out and _non_finite(value):
+        raise NotStorable("float (NaN or infinite)")
+    return out
+
+
+def _non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_non_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_non_finite(v) for v in value)
+    return False
 
 
 def _type_name(obj: Any) -> str:

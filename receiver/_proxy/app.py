@@ -117,19 +117,19 @@ class IdempotencyProxy(Recovery):
         registry: CollectorRegistry | None = None,
         store_owned: bool = False,
     ) -> None:
-        if not upstream.startswith(("http://", "https://")):
-            raise ConfigurationError(
-                f"upstream must be an http:// or https:// URL, not {upstream!r}"
-            )
+        forward.check_upstream(upstream)
         if not 0 < timeout < lease <= ttl:
             raise ConfigurationError(
                 f"need 0 < timeout ({timeout!r} s) < lease ({lease!r} s) <= ttl ({ttl!r} s): an "
                 "upstream call must end before its claim's lease does"
             )
-        if connect_timeout <= 0 or wait < 0 or max_body_size <= 0 or max_response_size <= 0:
+        sizes = (max_body_size, max_response_size)
+        if not (connect_timeout > 0 and wait >= 0 and all(isinstance(n, int) for n in sizes)):
             raise ConfigurationError(
-                "connect_timeout, max_body_size and max_response_size must be positive, wait >= 0"
+                "connect_timeout must be positive seconds, wait >= 0, and the sizes whole bytes"
             )
+        if min(sizes) <= 0:
+            raise ConfigurationError("max_body_size and max_response_size must be positive")
         if forward_key not in ("derived", "client"):
             raise ConfigurationError(
                 f"forward_key must be 'derived' or 'client', not {forward_key!r}"
@@ -143,6 +143,8 @@ class IdempotencyProxy(Recovery):
         self.upstream = upstream.rstrip("/") + "/"
         self.store = store
         self.principal = principal
+        if isinstance(methods, str) or not all(isinstance(m, str) for m in methods):
+            raise ConfigurationError("methods= takes a list of HTTP methods, such as ['POST']")
         self.methods = frozenset(m.upper() for m in methods)
         self.paths = None if paths is None else tuple(paths)
         self.required = tuple(required)
@@ -166,7 +168,9 @@ class IdempotencyProxy(Recovery):
         self.sweeper = KeySweeper(store, {NAMESPACE: self.recover}, sweep_interval)
         self._waiters = keyed.Waiters()
         self._cache = ReplayCache(replay_cache) if replay_cache > 0 else None
+        # Made now, so that a CA file that cannot be read fails at start-up, not on a request.
         self._client: httpx.AsyncClient | None = None
+        self._client = self.client
         #: The step that calls the upstream, an ASGI app (receiver.testing wraps it with faults).
         self.app: Any = self._forward
 
@@ -204,6 +208,14 @@ class IdempotencyProxy(Recovery):
             return
         if scope["type"] != "http":
             return  # websockets are not proxied
+        try:
+            forward.target(self.upstream, scope)
+        except forward.BadTarget as exc:
+            self.metrics.count("refused")
+            await _problem(400, "invalid-target", "Path cannot be forwarded", str(exc))(
+                scope, receive, send
+            )
+            return
         if scope["method"] not in self.methods or (
             self.paths is not None and not _matches(self.paths, scope["path"])
         ):
@@ -271,7 +283,8 @@ class IdempotencyProxy(Recovery):
         """No key needed: streamed through, nothing stored."""
         self.metrics.count("passed")
         try:
-            await forward.stream(self.client, scope, receive, send)
+            url = forward.target(self.upstream, scope)
+            await forward.stream(self.client, url, scope, receive, send)
         except forward.NotSent as exc:
             self.metrics.upstream_errors.labels(exc.kind).inc()
             await bad_gateway(502, "the upstream could not be reached")(scope, receive, send)
@@ -344,7 +357,12 @@ class IdempotencyProxy(Recovery):
         began = time.monotonic()
         async with asyncio.timeout(self.timeout):
             got = await forward.exchange(
-                self.client, scope, message.get("body", b""), extra, self.max_response_size
+                self.client,
+                forward.target(self.upstream, scope),
+                scope,
+                message.get("body", b""),
+                extra,
+                self.max_response_size,
             )
         self.metrics.upstream_seconds.observe(time.monotonic() - began)
         headers = [*got.headers, (b"content-length", str(len(got.body)).encode())]

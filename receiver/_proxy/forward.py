@@ -9,6 +9,7 @@ byte went out): the attempt is kept for reconcile, never forwarded again blindly
 
 from __future__ import annotations
 
+import re
 import ssl
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -58,6 +59,24 @@ class Unknown(ReceiverError):
 
 class AnswerTooLarge(ReceiverError):
     """The upstream answered with more than the proxy stores: it acted, its answer is lost."""
+
+
+def check_upstream(upstream: str) -> None:
+    """Refuse an upstream base URL requests cannot be forwarded to (ConfigurationError)."""
+    try:
+        url = httpx.URL(upstream)
+        port = url.port
+    except (httpx.InvalidURL, TypeError) as exc:
+        raise ConfigurationError(f"upstream is not a URL ({exc}): {upstream!r}") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ConfigurationError(f"upstream must be an http:// or https:// URL, not {upstream!r}")
+    if port is not None and not 0 < port < 65536:
+        raise ConfigurationError(f"upstream's port must be 1-65535, not {port}")
+    if url.query or url.fragment or "?" in upstream or "#" in upstream:
+        raise ConfigurationError(
+            "upstream is a base URL: request paths are appended to it, so it takes no query or "
+            f"fragment ({upstream!r})"
+        )
 
 
 def client_for(
@@ -121,12 +140,38 @@ def response_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
     return [(n.lower(), v) for n, v in raw if n.lower() not in _RESPONSE_DROPPED | named]
 
 
-def target(scope: Scope) -> str:
-    """The request's path and query, as the client wrote them, relative to the upstream URL."""
+class BadTarget(ReceiverError):
+    """The request's path cannot be forwarded: it holds a dot segment, a control character, or
+    is longer than a URL may be. Nothing was sent; the client gets a 400."""
+
+
+# A path segment that is "." or "..", as written or percent-encoded: resolved by the client
+# library (or decoded by the upstream), it would reach a path outside the upstream's base.
+_DOT_SEGMENT = re.compile(r"(?:^|/)(?:\.|%2e){1,2}(?:/|$)", re.IGNORECASE)
+
+
+def _ascii(raw: bytes) -> str:
+    """Bytes past ASCII percent-encoded as they are (the URL library would encode the
+    characters they decode to, a second time)."""
+    if raw.isascii():
+        return raw.decode("ascii")
+    return "".join(chr(b) if b < 0x80 else f"%{b:02X}" for b in raw)
+
+
+def target(upstream: str, scope: Scope) -> httpx.URL:
+    """The upstream URL a request goes to: the client's path and query, as the client wrote
+    them, appended to the upstream's base URL. Raises BadTarget."""
     raw_path = scope.get("raw_path") or scope["path"].encode()
-    path = bytes(raw_path).decode("latin-1").lstrip("/")
-    query = bytes(scope.get("query_string", b"")).decode("latin-1")
-    return f"{path}?{query}" if query else path
+    path = _ascii(bytes(raw_path)).lstrip("/")
+    query = _ascii(bytes(scope.get("query_string", b"")))
+    if _DOT_SEGMENT.search(path):
+        raise BadTarget("the request path holds a '.' or '..' segment")
+    # A '#' would end the URL there (a fragment is never sent): it is kept, escaped.
+    path, query = path.replace("#", "%23"), query.replace("#", "%23")
+    try:
+        return httpx.URL(upstream + (f"{path}?{query}" if query else path))
+    except httpx.InvalidURL as exc:
+        raise BadTarget(f"the request path cannot be forwarded: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +185,7 @@ class Exchange:
 
 async def exchange(
     client: httpx.AsyncClient,
+    url: httpx.URL,
     scope: Scope,
     body: bytes,
     extra: Sequence[tuple[bytes, bytes]],
@@ -148,7 +194,7 @@ async def exchange(
     """Send a keyed request (its body already read) and read the whole answer, raw (a
     compressed answer stays compressed: it is stored and replayed as the upstream sent it)."""
     request = client.build_request(
-        scope["method"], target(scope), headers=request_headers(scope, extra), content=body
+        scope["method"], url, headers=request_headers(scope, extra), content=body
     )
     try:
         response = await client.send(request, stream=True)
@@ -181,7 +227,9 @@ async def exchange(
     return Exchange(response.status_code, response_headers(response), b"".join(chunks))
 
 
-async def stream(client: httpx.AsyncClient, scope: Scope, receive: Receive, send: Send) -> None:
+async def stream(
+    client: httpx.AsyncClient, url: httpx.URL, scope: Scope, receive: Receive, send: Send
+) -> None:
     """A request that needs no key, streamed both ways without buffering either body."""
 
     async def body() -> AsyncIterator[bytes]:
@@ -199,7 +247,7 @@ async def stream(client: httpx.AsyncClient, scope: Scope, receive: Receive, send
     # (some refuse chunked request bodies).
     sized = [(n, v) for n, v in scope["headers"] if n.lower() == b"content-length"][:1]
     request = client.build_request(
-        scope["method"], target(scope), headers=request_headers(scope, sized), content=body()
+        scope["method"], url, headers=request_headers(scope, sized), content=body()
     )
     try:
         response = await client.send(request, stream=True)

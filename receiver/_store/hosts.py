@@ -19,30 +19,53 @@ from typing import Any
 
 import asyncpg
 
-from .._exceptions import StoreUnavailable
+from .._exceptions import ConfigurationError, StoreMisconfigured, StoreUnavailable
 
-__all__ = ["connect", "hosts_of"]
+__all__ = ["check_url", "connect", "hosts_of"]
 
 # A server that lacks the database or the role: the wrong server, or the wrong URL.
 _WRONG_SERVER = ("3D000", "28")
 
 
-def hosts_of(dsn: str) -> list[tuple[str, int]]:
-    """The ``host:port`` pairs a ``postgresql://`` URL names (port 5432 where none is given);
-    empty for anything else (a key=value DSN, a socket directory in ``?host=``)."""
+def _items(dsn: str) -> list[tuple[str, str]]:
+    """The ``(host, port)`` strings of a ``postgresql://`` URL's netloc, as written."""
     parts = urllib.parse.urlsplit(dsn)
     if parts.scheme not in ("postgres", "postgresql"):
         return []
-    found: list[tuple[str, int]] = []
+    found: list[tuple[str, str]] = []
     for item in parts.netloc.rpartition("@")[2].split(","):
         if item.startswith("["):  # [IPv6]:port
             host, _, rest = item[1:].partition("]")
             port = rest.removeprefix(":")
         else:
             host, _, port = item.partition(":")
-        if host:
-            found.append((urllib.parse.unquote(host), int(port) if port.isdigit() else 5432))
+        found.append((host, port))
     return found
+
+
+def hosts_of(dsn: str) -> list[tuple[str, int]]:
+    """The ``host:port`` pairs a ``postgresql://`` URL names (port 5432 where none is given);
+    empty for anything else (a key=value DSN, a socket directory in ``?host=``)."""
+    return [
+        (urllib.parse.unquote(host), int(port) if port.isdigit() else 5432)
+        for host, port in _items(dsn)
+        if host
+    ]
+
+
+def check_url(dsn: str) -> None:
+    """Refuse a ``postgresql://`` URL that cannot name a server (ConfigurationError): one that
+    does not parse, or a port that is not a number from 1 to 65535. The message never holds
+    the URL (it may hold a password)."""
+    try:
+        items = _items(dsn)
+    except ValueError as exc:
+        raise ConfigurationError(f"the PostgreSQL store URL does not parse: {exc}") from None
+    for _, port in items:
+        if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigurationError(
+                "a port in the PostgreSQL store URL is not a number from 1 to 65535"
+            )
 
 
 def _wrong_server(exc: BaseException) -> bool:
@@ -51,12 +74,24 @@ def _wrong_server(exc: BaseException) -> bool:
     )
 
 
+# A query parameter of the URL that asyncpg does not take is sent to the server as a setting:
+# one it does not know (undefined_object) or whose value it refuses (invalid_parameter_value)
+# ends the connection before it begins.
+_BAD_SETTING = ("42704", "22023")
+
+
 async def connect(dsn: str, **options: Any) -> asyncpg.Connection:
     """``asyncpg.connect(dsn, **options)``, trying each host of a multi-host URL on its own when
     one answers as the wrong server (see the module docstring)."""
     try:
         return await asyncpg.connect(dsn, **options)
     except asyncpg.PostgresError as exc:
+        if exc.sqlstate in _BAD_SETTING:
+            raise StoreMisconfigured(
+                "PostgreSQL refused a setting the store URL passes (a query parameter that is "
+                "not a connection option is sent as a server setting): fix the store URL "
+                f"({type(exc).__name__}, SQLSTATE {exc.sqlstate})"
+            ) from exc
         hosts = hosts_of(dsn)
         if not _wrong_server(exc) or len(hosts) < 2:
             raise

@@ -57,11 +57,11 @@ logger = logging.getLogger("receiver.migrations")
 
 NO_TRANSACTION = "-- receiver: no-transaction"
 
-_FILENAME = re.compile(r"^(\d{4})_(\w+)\.sql$")
+_FILENAME = re.compile(r"(\d{4})_(\w+)\.sql")
 _CONCURRENT_INDEX = re.compile(
     r"CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+(IF\s+NOT\s+EXISTS\s+)?(\w+)", re.IGNORECASE
 )
-_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
+_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*")
 # Seconds between two tries of the advisory lock while another migrator holds it.
 _LOCK_POLL = 0.2
 
@@ -90,7 +90,7 @@ def load(dialect: str, texts: dict[str, str]) -> tuple[Migration, ...]:
     and re-runnable where they run outside a transaction."""
     found: list[Migration] = []
     for filename, text in texts.items():
-        match = _FILENAME.match(filename)
+        match = _FILENAME.fullmatch(filename)
         if match is None:
             raise ConfigurationError(
                 f"migration file {dialect}/{filename} is not named NNNN_name.sql (e.g. "
@@ -207,7 +207,7 @@ async def _apply_one(conn: Connection, migration: Migration) -> None:
         index = _CONCURRENT_INDEX.search(statement)
         if index is not None and await conn.fetch(sql["invalid_index"], index.group(2)):
             name = index.group(2).lower()
-            if not _IDENTIFIER.match(name):
+            if not _IDENTIFIER.fullmatch(name):
                 raise ConfigurationError(f"migration {migration.label}: bad index name {name!r}")
             logger.warning("dropping index %s, left INVALID by an interrupted build", name)
             await conn.execute(sql["drop_index"].format(index=name))

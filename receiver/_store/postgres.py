@@ -239,6 +239,7 @@ class PostgresStore(Store):
     ) -> None:
         self.clock = clock
         if dsn is not None:
+            hosts.check_url(dsn)
             dsn, url_pooler, url_listen = split_pooler(dsn)
             pooler = pooler or url_pooler
             listen_url = listen_url or url_listen

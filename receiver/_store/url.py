@@ -21,7 +21,14 @@ def store_from_url(url: str) -> Store:
     if url.startswith("sqlite://"):
         path = url.removeprefix("sqlite://")
         # sqlite:///relative.db -> "relative.db"; sqlite:////abs/path.db -> "/abs/path.db"
-        return SQLiteStore(path[1:] if path.startswith("/") else path)
+        path = path[1:] if path.startswith("/") else path
+        if not path:
+            # SQLite would open a temporary file, deleted at close: a ledger that forgets.
+            raise ConfigurationError(
+                f"store URL {url!r} names no file: write sqlite:///receiver.db (relative), "
+                "sqlite:////var/lib/receiver.db (absolute) or sqlite:///:memory:"
+            )
+        return SQLiteStore(path)
     scheme, found, _ = url.partition("://")
     if not found:
         hint = f"sqlite:///{url}" if url and ":" not in url else "sqlite:///path/to/receiver.db"

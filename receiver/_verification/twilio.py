@@ -53,6 +53,19 @@ _MAX_FIELDS = 1000
 _PORTS = {"https": 443, "http": 80}
 
 
+def _split(url: object) -> urllib.parse.SplitResult | None:
+    """``url``'s parts, or None where it is no URL: not text, brackets unclosed, a port that
+    is not 0-65535."""
+    if not isinstance(url, str):
+        return None
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 -- parsed on access: raises ValueError when out of range
+    except ValueError:
+        return None
+    return parts
+
+
 def _urls(url: str) -> tuple[str, ...]:
     """The configured URL, and the same with its default port added or its port removed."""
     parts = urllib.parse.urlsplit(url)
@@ -120,7 +133,7 @@ class Twilio:
             hmac.new(_key(token, f"Twilio auth_tokens[{i}]"), digestmod=hashlib.sha1)
             for i, token in enumerate(auth_tokens)
         )
-        parts = urllib.parse.urlsplit(url) if isinstance(url, str) else None
+        parts = _split(url)
         if parts is None or parts.scheme not in _PORTS or not parts.hostname or parts.fragment:
             raise ConfigurationError(
                 "Twilio: url must be the webhook URL exactly as configured in Twilio, e.g. "

@@ -21,7 +21,7 @@ Mode = Literal["inline", "queued"]
 
 # An exact type ("invoice.paid"), a prefix pattern ("invoice.*", or "orders/*" for Shopify's
 # topics) or everything ("*").
-_PATTERN = re.compile(r"^(\*|[^*\s]+([./]\*)?)$")
+_PATTERN = re.compile(r"\*|[^*\s]+([./]\*)?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +78,7 @@ class Registry:
         lease: float | None = None,
         mode: Mode = "inline",
     ) -> Handler:
-        if not _PATTERN.match(pattern):
+        if not _PATTERN.fullmatch(pattern):
             raise ConfigurationError(
                 f"invalid event type pattern {pattern!r}: use an exact type such as "
                 "'invoice.paid', a prefix such as 'invoice.*' (or 'orders/*'), or '*'"

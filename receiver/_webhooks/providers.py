@@ -19,7 +19,7 @@ from .timespans import DAY
 
 DEFAULT_TOLERANCE = 300.0
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
 class Provider:
@@ -62,7 +62,7 @@ class Provider:
         shed_status: int = 503,
         handoff: bool = False,
     ) -> None:
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise ConfigurationError(
                 f"provider name {name!r} must be 1-64 letters, digits, '-' or '_' "
                 "(it is a URL path segment)"

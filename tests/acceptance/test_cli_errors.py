@@ -81,10 +81,12 @@ def test_a_non_utf8_id_is_a_one_line_error(store_url: str) -> None:
 def test_a_limit_that_is_not_positive_is_a_one_line_error(tmp_path: Path, limit: str) -> None:
     store = f"sqlite:///{tmp_path}/r.db"
     a_completed_receipt(store)
-    line = one_line_error(receiver("failed", "--store", store, "--limit", limit))
-    assert f"--limit must be a positive number, not {limit}" in line
-    line = one_line_error(receiver("replay", "--all-failed", "--limit", limit))
-    assert "--limit must be a positive number" in line
+    for args in (["failed", "--store", store], ["replay", "--all-failed"]):
+        done = receiver(*args, "--limit", limit)
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.endswith(f"error: argument --limit: must be from 1 to 2147483647, not {limit}")
 
 
 @pytest.mark.parametrize("command", ["inspect", "failed"])
@@ -143,6 +145,19 @@ def test_send_advises_what_the_cli_can_do_with_a_bad_secret() -> None:
     line = one_line_error(receiver("send", "--secret", "notasecret", "--url", "http://x/demo"))
     assert "whsec_" in line
     assert "bytes" not in line
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (["--url", "http://[::1/demo"], "--url is not a URL"),
+        (["--url", "http://127.0.0.1:9/demo", "--id", "caf\u00e9"], "--id must be printable ASCII"),
+        (["--url", "http://127.0.0.1:9/demo", "--id", "msg\n1"], "--id must be printable ASCII"),
+    ],
+)
+def test_send_refuses_a_url_or_id_it_cannot_send(options: list[str], says: str) -> None:
+    secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    assert says in one_line_error(receiver("send", "--secret", secret, *options))
 
 
 def test_failed_shows_a_meaningful_error_for_a_retryable_answer(tmp_path: Path) -> None:
@@ -245,3 +260,47 @@ def test_a_database_that_is_missing_or_not_migrated_is_a_one_line_error(
     assert "InvalidCatalogNameError" in line
     assert "the database does not exist" in line
     assert "InvalidCatalogNameError" in line
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("postgresql://app:s3cret@[::1/app", "the PostgreSQL store URL does not parse"),
+        ("postgresql://app:s3cret@127.0.0.1:99999/app", "not a number from 1 to 65535"),
+    ],
+)
+def test_a_postgres_url_that_names_no_server_is_a_one_line_error(url: str, says: str) -> None:
+    line = one_line_error(receiver("migrate", "--store", url))
+    assert says in line
+    assert "s3cret" not in line
+
+
+def test_a_setting_the_server_refuses_is_a_one_line_error(pg_url: str) -> None:
+    line = one_line_error(receiver("migrate", "--check", "--store", f"{pg_url}?no_such_setting=1"))
+    assert "refused a setting the store URL passes" in line
+
+
+def test_init_into_a_file_or_a_name_too_long_is_a_one_line_error(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text("kept = True\n")
+    line = one_line_error(receiver("init", "app.py", cwd=tmp_path))
+    assert "app.py is a file" in line
+    assert (tmp_path / "app.py").read_text() == "kept = True\n"
+    line = one_line_error(receiver("init", "n" * 300, cwd=tmp_path))
+    assert "File name too long" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.py"]
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (["--upstream", "http://[::1"], "upstream is not a URL"),
+        (["--upstream", "http://127.0.0.1:99999"], "port must be 1-65535"),
+        (["--upstream", "https://api.test", "--upstream-ca", "/nonexistent.pem"], "CA file"),
+    ],
+)
+def test_an_upstream_the_proxy_cannot_use_is_a_one_line_error_at_start(
+    tmp_path: Path, options: list[str], says: str
+) -> None:
+    store = f"sqlite:///{tmp_path / 'proxy.db'}"
+    line = one_line_error(receiver("proxy", *options, "--store", store, "--port", "0"))
+    assert says in line

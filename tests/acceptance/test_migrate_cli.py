@@ -76,6 +76,16 @@ def test_check_fails_while_behind_and_passes_after_migrate(
     assert current.stdout.startswith("schema up to date")
 
 
+def test_check_changes_nothing_and_a_url_naming_no_file_migrates_nothing(tmp_path: Path) -> None:
+    missing = receiver("migrate", "--check", "--store", "sqlite:///absent.db", cwd=tmp_path)
+    assert missing.returncode == 2, missing.stderr
+    assert "no SQLite database at absent.db" in missing.stderr
+    nowhere = receiver("migrate", "--store", "sqlite://", cwd=tmp_path)
+    assert nowhere.returncode == 2, nowhere.stderr
+    assert "names no file" in nowhere.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_two_migrate_processes_at_once_apply_each_migration_once(empty_pg: str) -> None:
     runs = [
         subprocess.Popen(

@@ -245,6 +245,10 @@ async def test_queued_dead_letters_go_back_to_the_workers(rx: Receiver, store: S
         {"state": "completed"},
         {"since": "yesterday"},
         {"since": "2h", "until": "3h"},
+        {"since": "\u00b2h"},  # passes str.isdigit(), fails int()
+        {"since": "99999999999999d"},  # before year 1
+        {"until": "99999999999999"},  # after year 9999
+        {"since": "0001-01-01T00:00"},
         {"provider": "action:refund"},
         {"error": "x" * 600},
     ],

@@ -12,6 +12,7 @@ import datetime as dt
 import decimal
 import enum
 import logging
+import math
 import uuid
 from typing import Any
 
@@ -180,6 +181,40 @@ async def test_a_transactional_tools_unstorable_result_releases_its_rolled_back_
     async with store.acquire() as conn:
         rows = await conn.fetchval("SELECT count(*) FROM effects WHERE webhook_id = $1", action.key)
     assert rows == 1
+
+
+@pytest.mark.parametrize("number", [math.nan, math.inf, -math.inf])
+async def test_nan_or_an_infinity_is_refused_never_stored_as_null(
+    store: Store, number: float
+) -> None:
+    """JSON has no NaN or infinity; written as null, the replay would differ from the call."""
+    actions = await executor(store)
+    calls: list[int] = []
+
+    @actions.tool("rate")
+    async def rate(call: ToolCall, tx: Connection) -> Any:
+        calls.append(call.fence)
+        return {"ratio": number} if call.action.request.get("ok") else {"ratio": 0.5}
+
+    with pytest.raises(ActionError, match=r"NaN or an infinity at x"):
+        actions.propose("rate", scope=TENANT, action_id="r-1", request={"x": [1, number]})
+    async with store.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM receiver_receipts") == 0
+    answered = actions.propose("rate", scope=TENANT, action_id="r-2", request={"ok": True})
+    with pytest.raises(ActionError, match=r"float \(NaN or infinite\)"):
+        await actions.execute(answered)
+    assert (await state_of(store, "rate", answered.key))[0] is not State.COMPLETED
+
+    @actions.tool("charge", effects="external")
+    async def charge(call: ToolCall, tx: Connection) -> Any:
+        calls.append(call.fence)
+        return [number]
+
+    charged = actions.propose("charge", scope=TENANT, action_id="c-9", request={})
+    for _ in range(2):  # acted: a person looks; the tool is never run again
+        with pytest.raises(ActionNeedsReview, match=r"float \(NaN or infinite\)"):
+            await actions.execute(charged)
+    assert calls == [1, 1]
 
 
 @pytest.mark.parametrize("reconcile", [True, False])

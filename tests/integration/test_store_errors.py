@@ -169,6 +169,16 @@ async def test_an_unknown_role_is_503(pg_admin_url: str, caplog: pytest.LogCaptu
         await refused(rx, caplog, "misconfigured", "refused the role", "msg_1")
 
 
+@pytest.mark.parametrize("setting", ["no_such_setting=1", "statement_timeout=soon"])
+async def test_a_setting_in_the_url_the_server_refuses_is_503_with_the_fix(
+    database: str, caplog: pytest.LogCaptureFixture, setting: str
+) -> None:
+    # asyncpg sends a query parameter it does not take to the server as a setting.
+    rx = receiver(f"{database}?{setting}")
+    async with rx:
+        await refused(rx, caplog, "misconfigured", "refused a setting the store URL passes", "m1")
+
+
 async def test_tables_dropped_while_serving_say_run_receiver_migrate(
     database: str, caplog: pytest.LogCaptureFixture
 ) -> None:

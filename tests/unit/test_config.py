@@ -62,6 +62,10 @@ def register_billing_only(rx: Receiver) -> None:
     rx.add_handler("invoice.*", paid, provider="nowhere")  # an unknown provider: refused
 
 
+def register_with_options(rx: Receiver, options: dict[str, str]) -> None:
+    pass  # takes more than the Receiver: refused before it is called
+
+
 not_a_function = 42
 
 # -------------------------------------------------------------------------------------------------
@@ -346,6 +350,11 @@ def test_handler_modules_register_on_the_receiver(write: Write) -> None:
             "function taking the Receiver",
         ),
         (
+            "tests.unit.test_config:register_with_options",
+            "receiver.toml:1: handlers[0]: tests.unit.test_config:register_with_options must "
+            "take one argument, the Receiver (missing a required argument: 'options')",
+        ),
+        (
             "tests.unit.test_config:register_billing_only",
             "receiver.toml:1: handlers[0]: tests.unit.test_config:register_billing_only: handler "
             "paid names unknown provider 'nowhere'; configured: ['a']",
@@ -355,6 +364,17 @@ def test_handler_modules_register_on_the_receiver(write: Write) -> None:
 def test_handler_module_errors(write: Write, spec: str, message: str) -> None:
     text = f'handlers = ["{spec}"]\n[providers.a]\nsecrets_env = ["A"]\n'
     assert build_error(write, text, {"A": SECRET}) == message
+
+
+def test_a_handler_module_that_does_not_parse_is_named_with_its_line(
+    write: Write, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "broken_handlers.py").write_text("def register(rx:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = 'handlers = ["broken_handlers"]\n[providers.a]\nsecrets_env = ["A"]\n'
+    message = build_error(write, text, {"A": SECRET})
+    assert message.startswith("receiver.toml:1: handlers[0]: cannot import broken_handlers: ")
+    assert "broken_handlers.py:1: " in message
 
 
 def test_the_uvicorn_factory_reads_the_environment(
@@ -461,6 +481,21 @@ ERRORS = [
         'receiver.toml:2: providers.b.scheme: unknown scheme "stripee" (a string); known '
         "schemes: github, linear, paddle, shopify, slack, standard-webhooks, stripe, twilio, "
         "zoom",
+    ),
+    (
+        '[providers.b]\nscheme = []\nsecrets_env = ["A"]\n',
+        "receiver.toml:2: providers.b.scheme: unknown scheme an array; known schemes: github, "
+        "linear, paddle, shopify, slack, standard-webhooks, stripe, twilio, zoom",
+    ),
+    (
+        '[providers.t]\nscheme = "twilio"\nurl = "https://[::1/hook"\nsecrets_env = ["A"]\n',
+        "receiver.toml:3: providers.t.url: url must be the webhook URL exactly as configured in "
+        "Twilio, e.g. 'https://example.com/webhooks/twilio' (http or https, no #fragment)",
+    ),
+    (
+        '[providers.t]\nscheme = "twilio"\nurl = "https://h:99999/hook"\nsecrets_env = ["A"]\n',
+        "receiver.toml:3: providers.t.url: url must be the webhook URL exactly as configured in "
+        "Twilio, e.g. 'https://example.com/webhooks/twilio' (http or https, no #fragment)",
     ),
     (
         '[providers.gh]\nscheme = "github"\nsecrets_env = ["A"]\ntolerance = 30\n',

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from receiver import PostgresStore, store_from_url
+from receiver import ConfigurationError, PostgresStore, store_from_url
 
 
 @pytest.mark.parametrize(
@@ -25,3 +25,20 @@ from receiver import PostgresStore, store_from_url
 def test_a_postgres_store_shows_its_hosts_and_never_its_password(dsn: str, shown: str) -> None:
     assert PostgresStore(dsn).url == shown
     assert store_from_url(dsn).url == shown
+
+
+@pytest.mark.parametrize(
+    ("dsn", "says"),
+    [
+        ("postgresql://app:s3cret@[::1/app", "does not parse"),
+        ("postgresql://app:s3cret@db:99999/app", "1 to 65535"),
+        ("postgresql://app:s3cret@db:0/app", "1 to 65535"),
+        ("postgresql://app:s3cret@db:five/app", "1 to 65535"),
+        ("postgresql://app:s3cret@db1:5432,db2:\u0665/app", "1 to 65535"),
+    ],
+)
+def test_a_url_that_names_no_server_is_refused_without_its_password(dsn: str, says: str) -> None:
+    for make in (PostgresStore, store_from_url):
+        with pytest.raises(ConfigurationError, match=says) as refused:
+            make(dsn)
+        assert "s3cret" not in str(refused.value)
