@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .._ledger import receipts as ledger
-from .._ledger.receipts import Key
+from .._ledger.receipts import Key, State
 from .._store.base import Store
 from . import actions, pages, receipt
 from .forms import BadRequest
@@ -76,6 +76,11 @@ def rerun(console: Console) -> Handler:
             if view.read_only or console.receiver is None:
                 raise actions.ActionRefused("re-runs need a console with handlers, not read-only")
             found, _, _ = await console.lookup(request)
+            if found.state is not State.COMPLETED:  # the form would only be refused
+                raise actions.ActionRefused(
+                    f"{found.key.provider}/{found.key.webhook_id} is {found.state.value}, not "
+                    "completed: replay it instead"
+                )
             return "Run a completed delivery again", receipt.rerun(view, found)
         form, key, fence, actor = action_input(request, view)
         done = await actions.rerun(

@@ -233,11 +233,12 @@ class SignIn:
             response: Response = self.page(request, "", 200)
             auth.set_cookies(request, response)
             return response
+        unreadable = None
         try:
             form = await read_form(request)
-        except BadRequest:
-            form = {}
-        refusal = auth.csrf_refusal(request, form)
+        except BadRequest as exc:
+            form, unreadable = {}, str(exc)
+        refusal = unreadable or auth.csrf_refusal(request, form)
         credential = None
         if refusal is None:
             credential = self.tokens.check(form.get("token", ""))
@@ -250,11 +251,9 @@ class SignIn:
         if refusal is None and not name:
             refusal = "give your name: it is recorded with every action you take"
         root = request.scope.get("root_path", "").rstrip("/")
-        target = form.get("next", "")
-        if not target.startswith(root + "/") or target.startswith("//"):
-            target = root + "/"
+        target = _within(form.get("next", ""), root)
         if refusal is not None or credential is None:
-            status = 401 if refusal == "wrong token" else 403
+            status = 401 if refusal == "wrong token" else 400 if unreadable else 403
             response = self.page(request, refusal or "", status, target)
             auth.set_cookies(request, response)
             return response
@@ -284,3 +283,18 @@ class SignIn:
         response.delete_cookie(auth.SESSION_COOKIE, path=auth.cookie_path(request))
         auth.set_cookies(request, response)
         return response
+
+
+def _within(target: str, root: str) -> str:
+    """Where to go after signing in: a path of the console's own, else its front page. A
+    browser reads a backslash as a slash (``/\\evil.example`` is another host), so a path
+    holding one, a control character or ``//`` at its start goes to the front page too."""
+    if (
+        len(target) > 2000
+        or not target.startswith(root + "/")
+        or target.startswith("//")
+        or "\\" in target
+        or not target.isprintable()
+    ):
+        return root + "/"
+    return target

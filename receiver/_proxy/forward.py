@@ -66,16 +66,17 @@ def check_upstream(upstream: str) -> None:
     try:
         url = httpx.URL(upstream)
         port = url.port
+    # The messages never hold the URL: it may carry credentials (https://user:pass@host).
     except (httpx.InvalidURL, TypeError) as exc:
-        raise ConfigurationError(f"upstream is not a URL ({exc}): {upstream!r}") from None
+        raise ConfigurationError(f"upstream is not a URL: {exc}") from None
     if url.scheme not in ("http", "https") or not url.host:
-        raise ConfigurationError(f"upstream must be an http:// or https:// URL, not {upstream!r}")
+        raise ConfigurationError("upstream must be an http:// or https:// URL with a host")
     if port is not None and not 0 < port < 65536:
         raise ConfigurationError(f"upstream's port must be 1-65535, not {port}")
     if url.query or url.fragment or "?" in upstream or "#" in upstream:
         raise ConfigurationError(
             "upstream is a base URL: request paths are appended to it, so it takes no query or "
-            f"fragment ({upstream!r})"
+            "fragment"
         )
 
 

@@ -175,6 +175,21 @@ async def test_an_operators_replay_runs_and_a_senders_redelivery_does_not(
     assert shop.runs["msg_1"] == 2
 
 
+async def test_the_rerun_page_is_for_completed_deliveries_only(
+    shop: Shop, client: httpx.AsyncClient
+) -> None:
+    shop.failing.add("msg_4")
+    assert await shop.send("msg_4") == 500
+    refused = await client.get("/rerun", params={"provider": "shop", "id": "msg_4"})
+    assert refused.status_code == 409
+    assert "not completed: replay it instead" in refused.text
+    shop.failing.discard("msg_4")
+    assert await shop.send("msg_5") == 200
+    form = await client.get("/rerun", params={"provider": "shop", "id": "msg_5"})
+    assert form.status_code == 200
+    assert 'name="confirm"' in form.text
+
+
 async def test_a_rerun_needs_the_deliverys_own_payload_and_a_confirmation(
     shop: Shop, client: httpx.AsyncClient
 ) -> None:

@@ -261,3 +261,35 @@ def test_the_cli_ends_every_session(tmp_path: Path) -> None:
     (row,) = asyncio.run(audit())
     assert row["action"] == "end sessions"
     assert str(row["actor"]).endswith("(receiver console --end-sessions)")
+
+
+@pytest.mark.parametrize(
+    ("target", "lands"),
+    [
+        ("/receipts?state=released", "/receipts?state=released"),
+        ("//evil.example/", "/"),
+        ("/\\evil.example/", "/"),  # a browser reads the backslash as a slash: another host
+        ("https://evil.example/", "/"),
+        ("/receipts\n", "/"),
+        ("/" + "a" * 3000, "/"),
+    ],
+)
+async def test_sign_in_goes_only_to_a_page_of_the_console(
+    shop: Shop, console: Console, target: str, lands: str
+) -> None:
+    async with client_of(console) as client:
+        login = await client.get("/login")
+        form = {"csrf": csrf_of(login.text), "next": target, "token": TOKEN, "name": "Ada"}
+        signed = await client.post("/login", data=form)
+    assert signed.status_code == 303, signed.text[:300]
+    assert signed.headers["location"] == lands
+
+
+async def test_a_sign_in_form_that_cannot_be_read_says_so(shop: Shop, console: Console) -> None:
+    async with client_of(console) as client:
+        login = await client.get("/login")
+        form = {"csrf": csrf_of(login.text), "next": "/", "token": TOKEN, "name": "Ada\x00"}
+        refused = await client.post("/login", data=form)
+    assert refused.status_code == 400
+    assert "NUL" in refused.text
+    assert "CSRF token" not in refused.text  # the form was not read, not forged
