@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import decimal
 import hashlib
+import json
 import math
+import re
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -70,6 +72,10 @@ class ToolCall:
         return self.action.request
 
 
+# Twenty digits in a row: orjson reads an integer that long as a float, losing digits.
+_LONG_DIGITS = re.compile(rb"\d{20}")
+
+
 @dataclass(frozen=True, slots=True)
 class ActionResult:
     """The stored result of an action: ``body`` is the bytes stored by the first attempt."""
@@ -80,6 +86,8 @@ class ActionResult:
 
     @property
     def value(self) -> Any:
+        if _LONG_DIGITS.search(self.body):  # maybe an integer past 64 bits: read exactly
+            return json.loads(self.body)
         return orjson.loads(self.body)
 
 

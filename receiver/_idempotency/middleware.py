@@ -48,7 +48,7 @@ from .._ops.durations import Durations
 from .._ops.redact import describe
 from .._ops.sweeper import AUDIT_RETENTION, DEAD_LETTER_RETENTION, KeySweeper, SweepReport
 from .._store.base import Connection, Store
-from .._verification.payload import NotJSON, normalized
+from .._verification.payload import NotJSON, normalized, raw_form
 from .body import BodyTooLarge, ClientGone, read_body
 from .key import parse_key
 
@@ -404,16 +404,18 @@ def _matches(patterns: Sequence[str], path: str) -> bool:
     )
 
 
-def _fingerprint(scope: Scope, body: bytes) -> bytes:
-    """sha256 of method, path, query and the body; a JSON body is normalized first (sorted
-    keys, no insignificant whitespace, numbers by their exact value), so a re-serialized retry
-    still matches and another amount never does."""
+def _fingerprint(scope: Scope, body: bytes, path: bytes | None = None) -> bytes:
+    """sha256 of method, path (``scope["path"]`` unless given), query and the body; a JSON body
+    is normalized first (sorted keys, no insignificant whitespace, numbers by their exact
+    value), so a re-serialized retry still matches and another amount never does."""
     try:
         _, normalized_body = normalized(body)  # numbers by their exact value (_payload.py)
     except NotJSON:
-        normalized_body = body
+        normalized_body = raw_form(body)
+    if path is None:
+        path = scope["path"].encode()
     h = hashlib.sha256()
-    for part in (scope["method"].encode(), scope["path"].encode(), scope["query_string"]):
+    for part in (scope["method"].encode(), path, scope["query_string"]):
         h.update(len(part).to_bytes(8, "big") + part)
     h.update(normalized_body)
     return h.digest()

@@ -64,7 +64,14 @@ def dumps(value: Any, encoder: Encoder | None = None) -> bytes:
         raise NotStorable(_type_name(obj))
 
     try:
-        out = orjson.dumps(value, default=default)
+        try:
+            out = orjson.dumps(value, default=default)
+        except orjson.JSONEncodeError as exc:
+            if "64-bit" not in str(exc):
+                raise
+            # An integer past 64 bits (a payload's id, say) is JSON all the same: written
+            # exactly, as its decimal digits.
+            out = orjson.dumps(_exact_ints(value), default=default)
     except NotStorable:
         raise
     except orjson.JSONEncodeError as exc:
@@ -77,6 +84,17 @@ def dumps(value: Any, encoder: Encoder | None = None) -> bytes:
     if b"null" in out and _non_finite(value):
         raise NotStorable("float (NaN or infinite)")
     return out
+
+
+def _exact_ints(value: Any) -> Any:
+    """``value`` with every integer orjson cannot write as a fragment of its digits."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if -(2**63) <= value < 2**64 else orjson.Fragment(str(value))
+    if isinstance(value, dict):
+        return {k: _exact_ints(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_exact_ints(v) for v in value]
+    return value
 
 
 def _non_finite(value: Any) -> bool:

@@ -210,9 +210,10 @@ class IdempotencyProxy(Recovery):
             return  # websockets are not proxied
         try:
             forward.target(self.upstream, scope)
+            forward.check_headers(scope)
         except forward.BadTarget as exc:
             self.metrics.count("refused")
-            await _problem(400, "invalid-target", "Path cannot be forwarded", str(exc))(
+            await _problem(400, "invalid-target", "Request cannot be forwarded", str(exc))(
                 scope, receive, send
             )
             return
@@ -301,7 +302,8 @@ class IdempotencyProxy(Recovery):
         """Claim the key, then forward, replay, recover or refuse. None: the answer was sent."""
         claim = Claim(
             self._key(principal, key),
-            _fingerprint(scope, body),
+            # The path as forwarded, not as decoded: /a%2Fb and /a/b are two upstream paths.
+            _fingerprint(scope, body, scope.get("raw_path") or scope["path"].encode()),
             None,
             envelope(scope, body),
             self.store.now(),

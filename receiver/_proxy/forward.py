@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import ssl
+import urllib.parse
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
@@ -142,13 +143,42 @@ def response_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
 
 
 class BadTarget(ReceiverError):
-    """The request's path cannot be forwarded: it holds a dot segment, a control character, or
-    is longer than a URL may be. Nothing was sent; the client gets a 400."""
+    """The request cannot be forwarded: its path holds a dot segment or a control character, or
+    is longer than a URL may be, or a header cannot be sent. Nothing was sent; the client gets a
+    400."""
 
 
-# A path segment that is "." or "..", as written or percent-encoded: resolved by the client
-# library (or decoded by the upstream), it would reach a path outside the upstream's base.
-_DOT_SEGMENT = re.compile(r"(?:^|/)(?:\.|%2e){1,2}(?:/|$)", re.IGNORECASE)
+# A path's segments as an upstream may read them: split at "/", and at "\\" (some servers
+# read it as "/"), written or percent-encoded.
+_SEPARATOR = re.compile(r"/|\\|%2f|%5c", re.IGNORECASE)
+
+
+def _leaves_base(path: str) -> bool:
+    """Whether a segment of ``path`` is "." or "..", as written or percent-encoded, or with
+    ";parameters" (which some servers strip): resolved by the client library or the upstream,
+    it would reach a path outside the upstream's base URL."""
+    return any(
+        urllib.parse.unquote(segment.partition(";")[0]) in (".", "..")
+        for segment in _SEPARATOR.split(path)
+    )
+
+
+# RFC 9110 section 5: a field name is a token; a value has no leading or trailing whitespace
+# and no control character but a tab. The client library refuses anything else, before sending.
+_FIELD_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_FIELD_VALUE = re.compile(
+    rb"(?:[\x21-\x7e\x80-\xff](?:[\t\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)?"
+)
+
+
+def check_headers(scope: Scope) -> None:
+    """Raise BadTarget for a request header that cannot be sent on to the upstream (reached
+    only through an ASGI app or server that let it through: the HTTP servers refuse them)."""
+    for name, value in scope["headers"]:
+        if not _FIELD_NAME.fullmatch(name) or not _FIELD_VALUE.fullmatch(value):
+            raise BadTarget("a request header's name or value cannot be forwarded")
+        if name.lower() == b"content-length" and not (value.isdigit() and len(value) < 19):
+            raise BadTarget("the request's Content-Length is not a number")
 
 
 def _ascii(raw: bytes) -> str:
@@ -165,8 +195,10 @@ def target(upstream: str, scope: Scope) -> httpx.URL:
     raw_path = scope.get("raw_path") or scope["path"].encode()
     path = _ascii(bytes(raw_path)).lstrip("/")
     query = _ascii(bytes(scope.get("query_string", b"")))
-    if _DOT_SEGMENT.search(path):
+    if _leaves_base(path):
         raise BadTarget("the request path holds a '.' or '..' segment")
+    if "?" in path:  # a raw path holds no query (no HTTP server puts one there)
+        raise BadTarget("the request path holds a '?'")
     # A '#' would end the URL there (a fragment is never sent): it is kept, escaped.
     path, query = path.replace("#", "%23"), query.replace("#", "%23")
     try:
@@ -201,6 +233,8 @@ async def exchange(
         response = await client.send(request, stream=True)
     except (httpx.ConnectError, httpx.UnsupportedProtocol) as exc:
         raise NotSent("connect") from exc
+    except httpx.LocalProtocolError as exc:  # refused before a byte went out
+        raise NotSent("request") from exc
     except httpx.ConnectTimeout as exc:
         raise NotSent("connect_timeout") from exc
     except httpx.PoolTimeout as exc:

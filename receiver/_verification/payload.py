@@ -93,6 +93,9 @@ _FLOATS = bytes(
 _BIG_INT_DOMAIN = b"receiver:exact-json:"
 _DECIMAL_DOMAIN = b"receiver:exact-decimal:"
 _FORM_DOMAIN = b"receiver:form:"
+# A body hashed as it is (neither JSON nor a form) that begins like those prefixes could spell
+# another body's normalized form: it is kept apart by a prefix of its own.
+_RAW_DOMAIN = b"receiver:raw:"
 # A sender's per-attempt field inside the signed body (Linear): not part of the event.
 ATTEMPT_FIELD = "webhookTimestamp"
 _MAX_FORM_FIELDS = 1000
@@ -122,7 +125,7 @@ def parse(body: bytes, event_type: str | None) -> Parsed:
     except NotJSON as exc:
         form = _form(body) if event_type is not None else None
         if form is None:
-            return Parsed(None, "", hashlib.sha256(body).digest(), str(exc))
+            return Parsed(None, "", hashlib.sha256(raw_form(body)).digest(), str(exc))
         payload, normalized_form = form
     if event_type is None:
         event_type = payload.get("type") if isinstance(payload, dict) else None
@@ -130,11 +133,17 @@ def parse(body: bytes, event_type: str | None) -> Parsed:
             return Parsed(
                 payload,
                 "",
-                hashlib.sha256(body).digest(),
+                hashlib.sha256(raw_form(body)).digest(),
                 'the body must be a JSON object with a "type": a string of 1-255 characters '
                 "without control characters",
             )
     return Parsed(payload, event_type, hashlib.sha256(normalized_form).digest())
+
+
+def raw_form(body: bytes) -> bytes:
+    """What a body fingerprinted as it is (not JSON) is hashed as: itself, unless it begins
+    with ``receiver:``, the normalized forms' prefix (then behind a prefix of its own)."""
+    return _RAW_DOMAIN + body if body.startswith(b"receiver:") else body
 
 
 def _form(body: bytes) -> tuple[dict[str, Any], bytes] | None:

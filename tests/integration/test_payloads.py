@@ -91,6 +91,25 @@ async def test_big_integers_are_not_rounded(
     assert (await post(c, "msg_big", one)).content == first.content
 
 
+async def test_a_handler_may_answer_with_an_integer_past_64_bits(store: Store) -> None:
+    rx = Receiver(store, [Provider(PROVIDER, [SECRET])], sweep_interval=None)
+
+    @rx.on("*")
+    async def echo(event: Event, tx: object) -> dict[str, Any]:
+        return {"amount": event.payload["data"]["amount"]}
+
+    body = b'{"type":"payment.created","data":{"amount":18446744073709551616}}'
+    async with (
+        rx,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=rx), base_url="http://test") as c,
+    ):
+        first = await c.post(f"/{PROVIDER}", content=body, headers=signed("msg_huge", body))
+        again = await c.post(f"/{PROVIDER}", content=body, headers=signed("msg_huge", body))
+    assert first.status_code == 200, first.text
+    assert first.content == again.content == b'{"amount":18446744073709551616}'
+    assert again.headers["idempotent-replayed"] == "true"
+
+
 UNICODE = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=40)
 
 

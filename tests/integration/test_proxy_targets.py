@@ -1,6 +1,7 @@
-"""A request path the proxy cannot forward (a dot segment that would leave the upstream's base
-URL, a control character) is answered 400 before its body is read or its key claimed, on the
-keyed path and the pass-through path alike."""
+"""A request the proxy cannot forward (a path with a dot segment that would leave the upstream's
+base URL or a control character, a header the client library would refuse to send) is answered
+400 before its body is read or its key claimed, on the keyed path and the pass-through path
+alike; and a key's fingerprint is of the path as forwarded."""
 
 from __future__ import annotations
 
@@ -14,8 +15,13 @@ from starlette.types import Message
 from receiver import IdempotencyProxy, SQLiteStore
 
 
-def scope(raw_path: bytes, method: str = "POST", key: bytes | None = b'"k-1"') -> dict[str, Any]:
-    headers = [(b"authorization", b"Bearer t")]
+def scope(
+    raw_path: bytes,
+    method: str = "POST",
+    key: bytes | None = b'"k-1"',
+    extra: tuple[tuple[bytes, bytes], ...] = (),
+) -> dict[str, Any]:
+    headers = [(b"authorization", b"Bearer t"), *extra]
     if key is not None:
         headers.append((b"idempotency-key", key))
     return {
@@ -35,17 +41,25 @@ def scope(raw_path: bytes, method: str = "POST", key: bytes | None = b'"k-1"') -
 
 
 @pytest.mark.parametrize(
-    ("raw_path", "method", "key"),
+    ("raw_path", "method", "key", "extra"),
     [
-        (b"/v1/payments/../admin", "POST", b'"k-1"'),
-        (b"/v1/%2e%2e/admin", "POST", b'"k-1"'),
-        (b"/v1/pay\x7fments", "POST", b'"k-1"'),
-        (b"/v1/../admin", "GET", None),
-        (b"/v1/./payments", "POST", None),
+        (b"/v1/payments/../admin", "POST", b'"k-1"', ()),
+        (b"/v1/%2e%2e/admin", "POST", b'"k-1"', ()),
+        (b"/v1/pay\x7fments", "POST", b'"k-1"', ()),
+        (b"/v1/../admin", "GET", None, ()),
+        (b"/v1/./payments", "POST", None, ()),
+        (b"/v1/payments", "POST", b'"k-1"', ((b"x-user", b"ada "),)),
+        (b"/v1/payments", "POST", b'"k-1"', ((b"x-user", b"a\x00b"),)),
+        (b"/v1/payments", "POST", b'"k-1"', ((b"x user", b"ada"),)),
+        (b"/v1/payments", "GET", None, ((b"content-length", b"ten"),)),
     ],
 )
-async def test_a_path_that_cannot_be_forwarded_is_refused_before_anything_is_claimed(
-    tmp_path: Path, raw_path: bytes, method: str, key: bytes | None
+async def test_a_request_that_cannot_be_forwarded_is_refused_before_anything_is_claimed(
+    tmp_path: Path,
+    raw_path: bytes,
+    method: str,
+    key: bytes | None,
+    extra: tuple[tuple[bytes, bytes], ...],
 ) -> None:
     store = SQLiteStore(tmp_path / "keys.db")
     await store.open()
@@ -63,7 +77,7 @@ async def test_a_path_that_cannot_be_forwarded_is_refused_before_anything_is_cla
         sent.append(message)
 
     try:
-        await proxy(scope(raw_path, method, key), receive, send)
+        await proxy(scope(raw_path, method, key, extra), receive, send)
         async with store.acquire() as conn:
             keys = await conn.fetchval("SELECT count(*) FROM receiver_receipts")
     finally:
@@ -74,3 +88,30 @@ async def test_a_path_that_cannot_be_forwarded_is_refused_before_anything_is_cla
     assert problem["type"].endswith("invalid-target")
     assert read == []
     assert keys == 0
+
+
+async def test_a_key_is_fingerprinted_by_the_path_it_is_forwarded_to(tmp_path: Path) -> None:
+    """/items/a%2Fb and /items/a/b are two upstream paths: the same key on both is a reuse."""
+    store = SQLiteStore(tmp_path / "keys.db")
+    await store.open()
+    # Nothing listens on port 9: the first attempt is not sent, and its key is given back.
+    proxy = IdempotencyProxy("http://127.0.0.1:9/v1", store=store, sweep_interval=None)
+    statuses = []
+    try:
+        for raw_path in (b"/items/a%2Fb", b"/items/a/b"):
+            sent: list[Message] = []
+
+            async def receive() -> Message:
+                return {"type": "http.request", "body": b"{}", "more_body": False}
+
+            async def send(message: Message, sent: list[Message] = sent) -> None:
+                sent.append(message)
+
+            request = scope(raw_path)
+            request["path"] = "/items/a/b"  # what the server decodes both to
+            await proxy(request, receive, send)
+            statuses.append(sent[0]["status"])
+    finally:
+        await proxy.aclose()
+        await store.close()
+    assert statuses == [502, 422]

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from receiver._actions.action import fingerprint
 from receiver._idempotency.middleware import _fingerprint
-from receiver._verification.payload import parse
+from receiver._verification.payload import normalized, parse
 
 D = decimal.Decimal
 
@@ -207,3 +207,48 @@ def test_fingerprints_of_ordinary_payloads_did_not_change() -> None:
         b'{"amount":12.5,"id":820982911946154508,"n":1,"type":"invoice.paid"}'
     ).digest()
     assert webhook_hash(body.decode()) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(documents, st.data())
+def test_a_body_that_spells_a_normalized_form_is_another_request(
+    doc: Any, data: st.DataObject
+) -> None:
+    """A body that is not JSON is fingerprinted as it is; one that spells another body's
+    normalized form (the exact forms begin ``receiver:exact-...``) must not match that body."""
+    text = render(doc, data).encode()
+    scope = {"method": "POST", "path": "/pay", "query_string": b""}
+    spelled = normalized(text)[1]
+    if spelled.startswith(b"receiver:"):  # a form no JSON text can be
+        assert _fingerprint(scope, spelled) != _fingerprint(scope, text)
+
+
+@pytest.mark.parametrize(
+    ("json_body", "raw_body"),
+    [
+        (
+            b'{"amount":100000000000000000000}',
+            b'receiver:exact-json:{"amount":100000000000000000000}',
+        ),
+        (
+            b'{"amount":1.00000000000000000001}',
+            b'receiver:exact-decimal:{"amount":1.00000000000000000001}',
+        ),
+    ],
+)
+def test_a_raw_body_with_the_exact_forms_prefix_is_not_that_payload(
+    json_body: bytes, raw_body: bytes
+) -> None:
+    scope = {"method": "POST", "path": "/pay", "query_string": b""}
+    assert _fingerprint(scope, json_body) != _fingerprint(scope, raw_body)
+    typed = b'{"type":"t",' + json_body[1:]
+    assert parse(typed, None).payload_hash != parse(normalized(typed)[1], None).payload_hash
+
+
+def test_a_form_and_a_body_spelling_its_normalized_form_are_two_payloads() -> None:
+    form = parse(b"a=b&type=t", "t")
+    spelled = parse(b'receiver:form:{"a":"b","type":"t"}', "t")
+    assert form.problem is None
+    assert form.payload_hash != spelled.payload_hash
+    # A body hashed as it is keeps the hash it always had, unless it begins "receiver:".
+    assert parse(b"plain text", "t").payload_hash == hashlib.sha256(b"plain text").digest()
