@@ -17,6 +17,7 @@ the attempt), reconciled if it is external, and marked for review if nothing can
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import logging
 import re
@@ -251,13 +252,14 @@ class Actions(Steps):
             raise ConfigurationError(f"reconcile= only applies to effects='external' ({name!r})")
         if reconcile is not None and not inspect.iscoroutinefunction(reconcile):
             raise ConfigurationError(f"reconcile of tool {name!r} must be 'async def'")
-        if isinstance(volatile, str) or not all(isinstance(v, str) for v in volatile):
+        listed = () if isinstance(volatile, str) else tuple(volatile)  # a generator: once
+        if isinstance(volatile, str) or not all(isinstance(v, str) for v in listed):
             raise ConfigurationError(
                 f"volatile of tool {name!r} takes a list of field names, such as ['reason']"
             )
         if lease is not None and not 0 < lease <= self.window:
             raise ConfigurationError(f"lease of tool {name!r} must be in (0, window]")
-        tool = Tool(name, func, effects, reconcile, frozenset(volatile), lease)
+        tool = Tool(name, func, effects, reconcile, frozenset(listed), lease)
         self._tools[name] = tool
         if self.metrics is not None:
             self.metrics.add_action(name)
@@ -305,14 +307,16 @@ class Actions(Steps):
             raise ActionError(f"version must be a whole number from 1, not {version!r}")
         if not isinstance(request, Mapping):
             raise ActionError("the action's request must be a JSON object (a mapping)")
+        fingerprinted = fingerprint(request, found.volatile)  # refuses what is not JSON
         return Action(
             tool,
             scope,
             action_id,
             version,
             action_key(scope, tool, action_id, version),
-            request,
-            fingerprint(request, found.volatile),
+            # A copy: the caller changing its dict afterwards must not change what runs.
+            copy.deepcopy(dict(request)),
+            fingerprinted,
         )
 
     async def execute(self, action: Action, *, turn: str | None = None) -> ActionResult:

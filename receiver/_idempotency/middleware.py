@@ -49,6 +49,7 @@ from .._ops.redact import describe
 from .._ops.sweeper import AUDIT_RETENTION, DEAD_LETTER_RETENTION, KeySweeper, SweepReport
 from .._store.base import Connection, Store
 from .._verification.payload import NotJSON, normalized, raw_form
+from . import settings
 from .body import BodyTooLarge, ClientGone, read_body
 from .key import parse_key
 
@@ -129,22 +130,16 @@ class IdempotencyKeyMiddleware:
         dead_letter_retention: float = DEAD_LETTER_RETENTION,
         audit_retention: float = AUDIT_RETENTION,
     ) -> None:
-        if not 0 < lease <= ttl:
+        ttl, lease = settings.seconds("ttl", ttl), settings.seconds("lease", lease)
+        if lease > ttl:
             raise ConfigurationError(
-                f"lease ({lease!r} s) must be positive and at most the ttl ({ttl!r} s): a key "
-                "must not expire while its first request still runs"
+                f"lease ({lease!r} s) must be at most the ttl ({ttl!r} s): a key must not expire "
+                "while its first request still runs"
             )
-        if not wait >= 0 or not isinstance(max_body_size, int) or max_body_size <= 0:
-            raise ConfigurationError("wait must be >= 0 seconds and max_body_size positive bytes")
-        if not callable(principal):
-            raise ConfigurationError(
-                "principal= must be a function of the ASGI scope returning who sent the "
-                "request (a tenant or client id), so that clients never share keys"
-            )
-        if sweep_interval is not None and not sweep_interval > 0:
-            raise ConfigurationError(
-                f"sweep_interval must be positive seconds, or None, not {sweep_interval!r}"
-            )
+        wait = settings.seconds("wait", wait, zero=True)
+        max_body_size = settings.size("max_body_size", max_body_size)
+        settings.check_principal(principal)
+        sweep_interval = settings.sweep_interval(sweep_interval)
         self.app = app
         self.store = store
         self.principal = principal
@@ -158,25 +153,11 @@ class IdempotencyKeyMiddleware:
         )
         #: How long each route usually takes, for Retry-After (receiver/_ops/durations.py).
         self.durations = Durations()
-        if isinstance(methods, str) or not all(isinstance(m, str) for m in methods):
-            raise ConfigurationError("methods= takes a list of HTTP methods, such as ['POST']")
-        self.methods = frozenset(m.upper() for m in methods)
-        self.paths = None if paths is None else tuple(paths)
-        self.required = tuple(required)
-        if isinstance(required, str) or (paths is not None and isinstance(paths, str)):
-            raise ConfigurationError("paths= and required= take a list of path patterns")
-        outside = [
-            r for r in self.required if self.paths is not None and not _matches(self.paths, r)
-        ]
-        if outside:
-            # The middleware never sees those requests, so "required" could not mean anything.
-            raise ConfigurationError(
-                f"required= names paths outside paths= ({', '.join(outside)}): those requests "
-                "would run without a key; add them to paths= (or leave paths= unset)"
-            )
+        self.methods = settings.methods_of(methods)
+        self.paths, self.required = settings.patterns_of(paths, required)
         self.ttl, self.lease, self.wait = ttl, lease, wait
         self.max_body_size = max_body_size
-        self.provider = f"{keyed.IDEMPOTENCY}:{namespace}"
+        self.provider = f"{keyed.IDEMPOTENCY}:{settings.namespace_of(namespace)}"
         self._waiters = keyed.Waiters()
         self._shared = SharedStatements(store)
         # A stored answer never changes until it expires: replays by this process need no
@@ -201,7 +182,7 @@ class IdempotencyKeyMiddleware:
             await self.app(scope, receive, send)
             return
         path: str = scope["path"]
-        if self.paths is not None and not _matches(self.paths, path):
+        if self.paths is not None and not settings.matches(self.paths, path):
             await self.app(scope, receive, send)
             return
         values = [v for k, v in scope["headers"] if k.lower() == b"idempotency-key"]
@@ -213,7 +194,7 @@ class IdempotencyKeyMiddleware:
             )
             return
         if key is None:
-            if _matches(self.required, path):
+            if settings.matches(self.required, path):
                 detail = "this endpoint requires an Idempotency-Key header"
                 await _problem(400, "missing-key", "Idempotency-Key required", detail)(
                     scope, receive, send
@@ -229,11 +210,12 @@ class IdempotencyKeyMiddleware:
             return
         except ClientGone:
             return  # nobody is listening; nothing was stored
-        principal = self.principal(scope)
-        if inspect.isawaitable(principal):
-            principal = await principal
+        principal = await principal_of(self.principal, scope)
+        if principal is None:
+            await _NO_PRINCIPAL(scope, receive, send)
+            return
         try:
-            response = await self._keyed(scope, receive, send, key, str(principal), body)
+            response = await self._keyed(scope, receive, send, key, principal, body)
         except StoreUnavailable as exc:
             # The database is down, failing over, or not set up: nothing was answered yet (the
             # answer is sent only after it is stored), so the client may retry.
@@ -398,12 +380,6 @@ class IdempotencyKeyMiddleware:
         return _problem(409, "in-flight", "Request in progress", detail, retry_after=wait)
 
 
-def _matches(patterns: Sequence[str], path: str) -> bool:
-    return any(
-        path == p or (p.endswith("/*") and path.startswith(p[:-1])) or p == "*" for p in patterns
-    )
-
-
 def _fingerprint(scope: Scope, body: bytes, path: bytes | None = None) -> bytes:
     """sha256 of method, path (``scope["path"]`` unless given), query and the body; a JSON body
     is normalized first (sorted keys, no insignificant whitespace, numbers by their exact
@@ -443,6 +419,23 @@ def _unavailable(exc: StoreUnavailable) -> Response:
     return _problem(503, "store-unavailable", "Service unavailable", detail, retry_after=1)
 
 
+async def principal_of(principal: Principal, scope: Scope) -> str | None:
+    """Whose key this is, from the application's ``principal(scope)``: a non-empty string, else
+    None (logged: keyed under ``str()`` of anything else, clients would share keys, or a key
+    would never match its retry)."""
+    who = principal(scope)
+    if inspect.isawaitable(who):
+        who = await who
+    if isinstance(who, str) and who:
+        return who
+    logger.error(
+        "ALERT: principal() returned %s, not a non-empty string naming who sent the request; "
+        "the request was refused (500) before anything was stored",
+        "an empty string" if who == "" else f"a {type(who).__name__}",
+    )
+    return None
+
+
 def _problem(
     status: int, code: str, title: str, detail: str, *, retry_after: int | None = None
 ) -> Response:
@@ -455,3 +448,11 @@ def _problem(
         "detail": detail,
     }
     return Response(orjson.dumps(body), status, headers=headers, media_type=_PROBLEM)
+
+
+_NO_PRINCIPAL = _problem(
+    500,
+    "no-principal",
+    "Server misconfigured",
+    "the server could not tell who sent this request; nothing was stored",
+)

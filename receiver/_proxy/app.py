@@ -32,9 +32,16 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from .._exceptions import ConfigurationError, InvalidIdempotencyKey, LeaseLost, StoreUnavailable
+from .._idempotency import settings
 from .._idempotency.body import BodyTooLarge, ClientGone, read_body
 from .._idempotency.key import parse_key
-from .._idempotency.middleware import _fingerprint, _matches, _problem, _unavailable
+from .._idempotency.middleware import (
+    _NO_PRINCIPAL,
+    _fingerprint,
+    _problem,
+    _unavailable,
+    principal_of,
+)
 from .._ledger import keyed
 from .._ledger.cache import ReplayCache
 from .._ledger.keyed import KeyState
@@ -118,42 +125,33 @@ class IdempotencyProxy(Recovery):
         store_owned: bool = False,
     ) -> None:
         forward.check_upstream(upstream)
-        if not 0 < timeout < lease <= ttl:
+        timeout, lease = settings.seconds("timeout", timeout), settings.seconds("lease", lease)
+        ttl = settings.seconds("ttl", ttl)
+        if not timeout < lease <= ttl:
             raise ConfigurationError(
-                f"need 0 < timeout ({timeout!r} s) < lease ({lease!r} s) <= ttl ({ttl!r} s): an "
+                f"need timeout ({timeout!r} s) < lease ({lease!r} s) <= ttl ({ttl!r} s): an "
                 "upstream call must end before its claim's lease does"
             )
-        sizes = (max_body_size, max_response_size)
-        if not (connect_timeout > 0 and wait >= 0 and all(isinstance(n, int) for n in sizes)):
-            raise ConfigurationError(
-                "connect_timeout must be positive seconds, wait >= 0, and the sizes whole bytes"
-            )
-        if min(sizes) <= 0:
-            raise ConfigurationError("max_body_size and max_response_size must be positive")
+        connect_timeout = settings.seconds("connect_timeout", connect_timeout)
+        wait = settings.seconds("wait", wait, zero=True)
+        max_body_size = settings.size("max_body_size", max_body_size)
+        max_response_size = settings.size("max_response_size", max_response_size)
         if forward_key not in ("derived", "client"):
             raise ConfigurationError(
                 f"forward_key must be 'derived' or 'client', not {forward_key!r}"
             )
         if reconcile is not None and not inspect.iscoroutinefunction(reconcile):
             raise ConfigurationError("reconcile must be an 'async def' taking the attempt")
-        if isinstance(paths, str) or isinstance(required, str):
-            raise ConfigurationError("paths= and required= take a list of path patterns")
-        if any(not 500 <= s <= 599 and s != 429 for s in retry_statuses):
+        retry_statuses = () if isinstance(retry_statuses, str) else tuple(retry_statuses)
+        if any(type(s) is not int or not (500 <= s <= 599 or s == 429) for s in retry_statuses):
             raise ConfigurationError("retry_statuses holds 429 and 5xx statuses only")
+        settings.check_principal(principal)
         self.upstream = upstream.rstrip("/") + "/"
         self.store = store
         self.principal = principal
-        if isinstance(methods, str) or not all(isinstance(m, str) for m in methods):
-            raise ConfigurationError("methods= takes a list of HTTP methods, such as ['POST']")
-        self.methods = frozenset(m.upper() for m in methods)
-        self.paths = None if paths is None else tuple(paths)
-        self.required = tuple(required)
-        outside = [
-            r for r in self.required if self.paths is not None and not _matches(self.paths, r)
-        ]
-        if outside:
-            raise ConfigurationError(f"required= names paths outside paths= ({', '.join(outside)})")
-        self.key_header = None if key_header is None else key_header.lower().encode("latin-1")
+        self.methods = settings.methods_of(methods)
+        self.paths, self.required = settings.patterns_of(paths, required)
+        self.key_header = None if key_header is None else forward.header_name(key_header)
         self.forward_key = forward_key
         self.reconcile = reconcile
         self.upstream_deduplicates = upstream_deduplicates
@@ -161,11 +159,12 @@ class IdempotencyProxy(Recovery):
         self.timeout, self.connect_timeout, self.verify = timeout, connect_timeout, verify
         self.lease, self.ttl, self.wait = lease, ttl, wait
         self.max_body_size, self.max_response_size = max_body_size, max_response_size
-        self.provider = f"{NAMESPACE}:{namespace}"
+        self.provider = f"{NAMESPACE}:{settings.namespace_of(namespace)}"
         self.store_owned = store_owned
         self.metrics = ProxyMetrics(registry)
         self.durations = Durations()
-        self.sweeper = KeySweeper(store, {NAMESPACE: self.recover}, sweep_interval)
+        interval = settings.sweep_interval(sweep_interval)
+        self.sweeper = KeySweeper(store, {NAMESPACE: self.recover}, interval)
         self._waiters = keyed.Waiters()
         self._cache = ReplayCache(replay_cache) if replay_cache > 0 else None
         # Made now, so that a CA file that cannot be read fails at start-up, not on a request.
@@ -218,7 +217,7 @@ class IdempotencyProxy(Recovery):
             )
             return
         if scope["method"] not in self.methods or (
-            self.paths is not None and not _matches(self.paths, scope["path"])
+            self.paths is not None and not settings.matches(self.paths, scope["path"])
         ):
             await self._pass(scope, receive, send)
             return
@@ -232,7 +231,7 @@ class IdempotencyProxy(Recovery):
             )
             return
         if key is None:
-            if _matches(self.required, scope["path"]):
+            if settings.matches(self.required, scope["path"]):
                 self.metrics.count("refused")
                 detail = "this endpoint requires an Idempotency-Key header"
                 await _problem(400, "missing-key", "Idempotency-Key required", detail)(
@@ -250,11 +249,12 @@ class IdempotencyProxy(Recovery):
             return
         except ClientGone:
             return  # nobody is listening; nothing was claimed or forwarded
-        principal = self.principal(scope)
-        if inspect.isawaitable(principal):
-            principal = await principal
+        principal = await principal_of(self.principal, scope)
+        if principal is None:
+            await _NO_PRINCIPAL(scope, receive, send)
+            return
         try:
-            response = await self._keyed(scope, key, str(principal), body)
+            response = await self._keyed(scope, key, principal, body)
         except StoreUnavailable as exc:
             self.metrics.count("unavailable")
             response = _unavailable(exc)

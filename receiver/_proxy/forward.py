@@ -171,6 +171,15 @@ _FIELD_VALUE = re.compile(
 )
 
 
+def header_name(name: str) -> bytes:
+    """A header name the proxy sets (``key_header``), lowercased; ConfigurationError if it is
+    not a token."""
+    encoded = name.lower().encode("latin-1", "replace") if isinstance(name, str) else b""
+    if not _FIELD_NAME.fullmatch(encoded):
+        raise ConfigurationError(f"key_header must be a header name (a token), not {name!r}")
+    return encoded
+
+
 def check_headers(scope: Scope) -> None:
     """Raise BadTarget for a request header that cannot be sent on to the upstream (reached
     only through an ASGI app or server that let it through: the HTTP servers refuse them)."""

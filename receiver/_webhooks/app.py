@@ -114,6 +114,8 @@ class Receiver(Serving):
         self.admission = Admission(
             pool=self.store.concurrency, limit=max_in_progress, max_wait=max_queue_wait
         )
+        if isinstance(max_body_size, bool) or not isinstance(max_body_size, int):
+            raise ConfigurationError(f"max_body_size is a number of bytes, not {max_body_size!r}")
         if max_body_size <= 0:
             raise ConfigurationError(f"max_body_size must be positive, not {max_body_size}")
         self.max_body_size = max_body_size
@@ -141,9 +143,9 @@ class Receiver(Serving):
         routes = observability_routes(self.store, self.metrics, metrics_path, health, clock)
         self._reserved = reserved_names(routes)
         self.providers: dict[str, Provider] = {}
+        self.registry = Registry()
         for provider in providers:
             self.add_provider(provider)
-        self.registry = Registry()
         self._startup: list[StartupHook] = []
         #: Startup hooks that met the store down: retried until they have run, and deliveries
         #: are answered 503 meanwhile (a handler must not run before its tables exist).
@@ -197,6 +199,9 @@ class Receiver(Serving):
                 "receiver's own endpoint: rename the provider, or move or disable the endpoint "
                 "(metrics_path=..., health=False)"
             )
+        for handler in self.registry:  # registered before this provider: checked now
+            if handler.lease is not None and handler.provider in (None, provider.name):
+                _lease_fits(provider, handler.lease, handler.func.__qualname__)
         self.providers[provider.name] = provider
         if self.metrics is not None:
             self.metrics.add_provider(provider.name)
@@ -222,13 +227,8 @@ class Receiver(Serving):
             )
         if lease is not None:
             for p in self.providers.values():
-                if (provider is None or p.name == provider) and p.window.window < lease:
-                    raise ConfigurationError(
-                        f"handler {func.__qualname__}: its lease ({lease:g} s) outlasts the dedup "
-                        f"window of provider {p.name!r} ({p.window.window:g} s); a receipt must "
-                        "not expire while an attempt still holds it: lower the lease or raise "
-                        "the provider's ttl"
-                    )
+                if provider is None or p.name == provider:
+                    _lease_fits(p, lease, getattr(func, "__qualname__", repr(func)))
         return self.registry.add(
             event_type,
             func,
@@ -351,3 +351,13 @@ class Receiver(Serving):
 
     def __repr__(self) -> str:
         return f"Receiver(store={self.store.url!r}, providers={sorted(self.providers)!r})"
+
+
+def _lease_fits(provider: Provider, lease: float, handler: str) -> None:
+    """A receipt must not expire while an attempt still holds it."""
+    if provider.window.window < lease:
+        raise ConfigurationError(
+            f"handler {handler}: its lease ({lease:g} s) outlasts the dedup window of provider "
+            f"{provider.name!r} ({provider.window.window:g} s); a receipt must not expire while "
+            "an attempt still holds it: lower the lease or raise the provider's ttl"
+        )

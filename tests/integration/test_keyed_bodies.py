@@ -113,3 +113,22 @@ async def test_the_proxy_refuses_a_large_body_and_ignores_a_client_that_left(
     assert sent[0]["status"] == 413
     assert await run(proxy, messages(b"ab", disconnect=True)) == []
     assert await keys_in(store) == 0
+
+
+async def test_a_principal_that_names_nobody_is_refused_before_anything_is_stored(
+    store: SQLiteStore,
+) -> None:
+    """Keyed under str(None), every anonymous client would share keys (and see each other's
+    answers); under an object's repr, no retry would ever match."""
+    reached: list[Scope] = []
+
+    async def endpoint(scope: Scope, receive: Receive, send: Send) -> None:
+        reached.append(scope)
+
+    for who in (None, "", object()):
+        app = IdempotencyKeyMiddleware(endpoint, store=store, principal=lambda scope, w=who: w)
+        sent = await run(app, messages(b"{}"))
+        assert sent[0]["status"] == 500
+        assert b"no-principal" in sent[1]["body"]
+    assert reached == []
+    assert await keys_in(store) == 0

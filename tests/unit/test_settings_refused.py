@@ -52,7 +52,7 @@ CASES: list[tuple[str, Callable[[SQLiteStore], Any], str]] = [
         lambda s: IdempotencyKeyMiddleware(
             endpoint, store=s, principal=anyone, max_body_size=math.nan
         ),
-        "max_body_size positive bytes",
+        "max_body_size must be a positive whole number of bytes",
     ),
     (
         "proxy methods as one string",
@@ -62,7 +62,7 @@ CASES: list[tuple[str, Callable[[SQLiteStore], Any], str]] = [
     (
         "proxy max_response_size NaN",
         lambda s: IdempotencyProxy("http://api.test", store=s, max_response_size=math.nan),
-        "sizes whole bytes",
+        "max_response_size must be a positive whole number",
     ),
     ("a provider name ending in a newline", lambda s: Provider("acme\n", [SECRET]), "acme"),
     ("executor lease as text", lambda s: Actions(s, lease="5"), "lease is seconds"),
@@ -129,3 +129,64 @@ async def test_execute_takes_an_action_not_its_name(tmp_path: Path) -> None:
     with pytest.raises(ReceiverError, match="takes the Action propose"):
         await actions.execute("refund")  # type: ignore[arg-type]
     assert not (tmp_path / "ledger.db").exists()
+
+
+def test_a_generator_of_methods_is_read_once_and_empty_methods_are_refused(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "ledger.db")
+    mw = IdempotencyKeyMiddleware(
+        endpoint, store=store, principal=anyone, methods=(m for m in ["post"])
+    )
+    assert mw.methods == frozenset({"POST"})
+    with pytest.raises(ConfigurationError, match="methods= takes a list"):
+        IdempotencyKeyMiddleware(endpoint, store=store, principal=anyone, methods=[])
+    actions = Actions(store)
+    tool_ = actions.add_tool("refund", tool, volatile=(f for f in ["reason"]))
+    assert tool_.volatile == frozenset({"reason"})
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"key_header": "Idem Key"}, "key_header must be a header name"),
+        ({"principal": "tenant-1"}, "principal= must be a function"),
+        ({"sweep_interval": -1}, "sweep_interval must be above 0"),
+        ({"sweep_interval": math.nan}, "sweep_interval is a finite number"),
+        ({"namespace": "a\x00b"}, "namespace must be 1-64 printable"),
+        ({"required": ["payments"]}, "required= takes a list of path patterns"),
+        ({"ttl": math.inf}, "ttl is a finite number"),
+        ({"retry_statuses": (s for s in [503, 200])}, "retry_statuses holds"),
+    ],
+)
+def test_a_proxy_setting_it_cannot_use_is_refused(
+    tmp_path: Path, options: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=says):
+        IdempotencyProxy("http://api.test", store=SQLiteStore(tmp_path / "l.db"), **options)
+
+
+def test_console_redact_fields_as_one_string_is_refused(tmp_path: Path) -> None:
+    from receiver import Console
+
+    with pytest.raises(ConfigurationError, match="redact_fields= takes a list"):
+        Console(SQLiteStore(tmp_path / "l.db"), redact_fields="diagnosis")
+
+
+def test_a_handler_lease_is_checked_against_a_provider_added_after_it(tmp_path: Path) -> None:
+    rx = Receiver(SQLiteStore(tmp_path / "l.db"), [])
+    rx.add_handler("order.created", tool_handler, lease=10**6)
+    with pytest.raises(ConfigurationError, match="outlasts the dedup window"):
+        rx.add_provider(Provider("acme", [SECRET]))
+
+
+async def tool_handler(event: Any, tx: Connection) -> None:
+    pass
+
+
+def test_a_proposal_keeps_the_request_as_it_was_proposed(tmp_path: Path) -> None:
+    actions = Actions(SQLiteStore(tmp_path / "l.db"))
+    actions.add_tool("refund", tool)
+    request = {"amount": 100, "items": [1]}
+    proposed = actions.propose("refund", scope="t", action_id="a-1", request=request)
+    request["amount"] = 999
+    request["items"].append(2)  # type: ignore[attr-defined]
+    assert proposed.request == {"amount": 100, "items": [1]}
