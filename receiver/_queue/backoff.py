@@ -34,13 +34,18 @@ class Backoff:
             raise ConfigurationError(f"retry attempts must be at least 1, not {self.attempts}")
         for name in ("base", "cap"):
             value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+            # Not a bool: an int, but True as "1 second" is always a mistake.
+            if isinstance(value, bool) or not (
+                isinstance(value, int | float) and math.isfinite(value) and value > 0
+            ):
                 raise ConfigurationError(f"retry {name} must be positive seconds, not {value!r}")
         if self.cap < self.base:
             raise ConfigurationError(
                 f"retry cap ({self.cap:g} s) is shorter than its base ({self.base:g} s)"
             )
-        if not (isinstance(self.jitter, int | float) and 0 <= self.jitter < 1):
+        if isinstance(self.jitter, bool) or not (
+            isinstance(self.jitter, int | float) and 0 <= self.jitter < 1
+        ):
             raise ConfigurationError(f"retry jitter must be in [0, 1), not {self.jitter!r}")
 
     def nominal(self, failed: int) -> float:

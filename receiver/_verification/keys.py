@@ -11,10 +11,11 @@ the key, so keys are always scoped by route: two paths are two providers, with t
 The key never changes what is fingerprinted: the payload hash still sits beside the key, so the
 same key with another payload is still a mismatch (422), whatever the key is made of.
 
-A key is made from its parts like this: each part is a string, an integer or a boolean (a
-number with a fraction or an exponent is text that varies with the sender's serializer, so it
-is refused); when every part is visible ASCII without ``"|"`` and the whole fits 255
-characters, the key is the parts joined with ``"|"`` (``"42|2026-05-01T10:00:00Z"``, readable
+A key is made from its parts like this: each part is a string, an integer or a boolean; a
+number without a fraction counts as the integer it is (``1200.0`` is ``1200``: serializers
+differ in writing it, the value does not), one with a fraction is refused (its text varies with
+the sender's serializer); when every part is visible ASCII without ``"|"`` and the whole fits
+255 characters, the key is the parts joined with ``"|"`` (``"42|2026-05-01T10:00:00Z"``, readable
 in logs and in ``receiver failed``); otherwise it is ``"sha256||"`` and the hex digest of the
 parts as a JSON list, which no readable key can equal (a readable key never holds an empty
 part, so never ``"||"``).
@@ -23,6 +24,7 @@ part, so never ``"||"``).
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -72,26 +74,37 @@ KeySource = str | Sequence[str] | KeyFunction | None
 
 def key_from_parts(parts: Sequence[object], what: str) -> str:
     """The key made of ``parts`` (see the module docstring); MalformedRequest if a part is
-    missing, null, a float, an object or a list."""
+    missing, null, a number with a fraction, an object or a list."""
     texts: list[str] = []
     for index, part in enumerate(parts):
         if isinstance(part, bool):
             texts.append("true" if part else "false")
         elif isinstance(part, int):
             texts.append(str(part))
+        elif isinstance(part, float) and part.is_integer():  # never NaN or an infinity
+            texts.append(str(int(part)))
         elif isinstance(part, str) and part:
             texts.append(part)
         else:
             name = what if len(parts) == 1 else f"{what} part {index + 1}"
-            kind = "empty" if part == "" else "missing" if part is None else type(part).__name__
             raise MalformedRequest(
-                "dedup_key", f"{name} is {kind}: a key part must be a non-empty string or integer"
+                "dedup_key",
+                f"{name} is {_kind(part)}: a key part must be a non-empty string or integer",
             )
     if all(_READABLE.fullmatch(text) for text in texts):
         joined = "|".join(texts)
         if len(joined) <= 255:
             return joined
     return "sha256||" + hashlib.sha256(orjson.dumps(texts)).hexdigest()
+
+
+def _kind(part: object) -> str:
+    """What a part that cannot be a key part is, for the refusal (never its value)."""
+    if part is None:
+        return "missing"
+    if part == "":
+        return "empty"
+    return "not a whole number" if isinstance(part, float) else type(part).__name__
 
 
 def _parsed(body: bytes) -> Any:
@@ -166,6 +179,14 @@ def dedup_key(source: KeySource, provider: str) -> DedupKey | None:
     if source is None:
         return None
     if callable(source):
+        # The key is read while the delivery is verified, which is synchronous: an async
+        # function's coroutine is no key, so every delivery would be refused (400) for good.
+        call = type(source).__call__  # an instance's own, for an object with async __call__
+        if inspect.iscoroutinefunction(source) or inspect.iscoroutinefunction(call):
+            raise ConfigurationError(
+                f"provider {provider!r}: dedup_key must be a plain function (def, not async "
+                "def): it is called while the delivery is verified, with nothing to await"
+            )
         return DedupKey(function=source)
     paths: Sequence[object] = [source] if isinstance(source, str) else source
     if isinstance(source, bytes) or not isinstance(paths, Sequence) or not paths:

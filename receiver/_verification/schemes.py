@@ -151,7 +151,14 @@ def _key(secret: object, what: str) -> bytes:
             f"{what} starts or ends with whitespace (a newline from an env file?): strip it, "
             "or pass bytes if the whitespace really is part of the secret"
         )
-    return secret.encode("utf-8")
+    try:
+        return secret.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate (bytes read with surrogateescape?): no UTF-8 for it, so no key.
+        raise ConfigurationError(
+            f"{what} is not valid Unicode text (it holds a lone surrogate): give the secret "
+            "as the sender shows it, or pass its bytes"
+        ) from None
 
 
 def _keyed(secrets: Sequence[str | bytes], scheme: str) -> tuple[hmac.HMAC, ...]:
@@ -168,7 +175,9 @@ def _keyed(secrets: Sequence[str | bytes], scheme: str) -> tuple[hmac.HMAC, ...]
 
 
 def _tolerance(tolerance: float, scheme: str) -> float:
-    if not isinstance(tolerance, int | float) or not math.isfinite(tolerance) or tolerance < 0:
+    # Not a bool: an int, but True as "1 second" is always a mistake.
+    number = not isinstance(tolerance, bool) and isinstance(tolerance, int | float)
+    if not number or not math.isfinite(tolerance) or tolerance < 0:
         raise ConfigurationError(f"{scheme}: tolerance must be a finite number of seconds >= 0")
     return float(tolerance)
 

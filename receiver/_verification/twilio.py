@@ -55,10 +55,11 @@ _PORTS = {"https": 443, "http": 80}
 
 def _split(url: object) -> urllib.parse.SplitResult | None:
     """``url``'s parts, or None where it is no URL: not text, brackets unclosed, a port that
-    is not 0-65535."""
+    is not 0-65535, a lone surrogate (the URL is signed as UTF-8: every delivery failed)."""
     if not isinstance(url, str):
         return None
     try:
+        url.encode("utf-8")  # UnicodeEncodeError is a ValueError
         parts = urllib.parse.urlsplit(url)
         parts.port  # noqa: B018 -- parsed on access: raises ValueError when out of range
     except ValueError:

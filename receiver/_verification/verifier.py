@@ -172,7 +172,11 @@ class StandardWebhooks:
             raise ConfigurationError("secrets must be a list of secrets, e.g. [secret]")
         if not secrets:
             raise ConfigurationError("no secrets configured; give at least one whsec_/whpk_ key")
-        if not tolerance >= 0 or tolerance == float("inf"):  # also refuses NaN
+        if (
+            isinstance(tolerance, bool)  # an int: True as "1 second" is always a mistake
+            or not isinstance(tolerance, int | float)
+            or not 0 <= tolerance < float("inf")  # also refuses NaN
+        ):
             raise ConfigurationError("tolerance must be a finite number of seconds >= 0")
         hmacs: list[hmac.HMAC] = []
         ed25519: list[Ed25519PublicKey] = []

@@ -129,7 +129,9 @@ class Admission:
             )
         if limit is not None and limit < 0:
             raise ConfigurationError(f"max_in_progress must be >= 0, not {limit}")
-        if not (isinstance(max_wait, int | float) and max_wait > 0 and math.isfinite(max_wait)):
+        if isinstance(max_wait, bool) or not (
+            isinstance(max_wait, int | float) and max_wait > 0 and math.isfinite(max_wait)
+        ):
             raise ConfigurationError(f"max_queue_wait must be positive seconds, not {max_wait!r}")
         self.pool = max(1, int(pool))
         self.limit = limit

@@ -39,6 +39,7 @@ from .pipeline import Pipeline
 from .providers import Provider
 from .replay import replay
 from .serving import Serving
+from .timespans import as_seconds
 from .tracing import Tracing
 from .worker import Worker
 
@@ -119,7 +120,19 @@ class Receiver(Serving):
         if max_body_size <= 0:
             raise ConfigurationError(f"max_body_size must be positive, not {max_body_size}")
         self.max_body_size = max_body_size
-        if sweep_interval is not None and not sweep_interval > 0:
+        # Sent as the Retry-After header of 409 and 503 answers: whole seconds, as the
+        # configuration file's retry_after; a string or None was accepted, then every
+        # duplicate got a 500 instead of its 409.
+        if isinstance(retry_after, bool) or not isinstance(retry_after, int):
+            raise ConfigurationError(
+                f"retry_after is whole seconds (the Retry-After header), not {retry_after!r}"
+            )
+        as_seconds(retry_after, "retry_after")  # >= 0, at most two years
+        if sweep_interval is not None and (
+            isinstance(sweep_interval, bool)
+            or not isinstance(sweep_interval, int | float)
+            or not 0 < sweep_interval < float("inf")
+        ):
             raise ConfigurationError(
                 f"sweep_interval must be positive seconds, or None to disable the background "
                 f"sweeper, not {sweep_interval!r}"
@@ -155,9 +168,10 @@ class Receiver(Serving):
         #: mounted where no lifespan reaches it still runs its startup hooks first).
         self._opened = False
         self._open_lock = asyncio.Lock()
-        if replay_cache < 0:
+        if isinstance(replay_cache, bool) or not isinstance(replay_cache, int) or replay_cache < 0:
             raise ConfigurationError(
-                f"replay_cache must be >= 0 (0 disables it), not {replay_cache}"
+                f"replay_cache must be a number of receipts >= 0 (0 disables it), not "
+                f"{replay_cache!r}"
             )
         self.pipeline = Pipeline(
             self.store,

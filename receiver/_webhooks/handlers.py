@@ -98,7 +98,9 @@ class Registry:
                 )
             if not inspect.iscoroutinefunction(reconcile):
                 raise ConfigurationError(f"reconcile {_name(reconcile)} must be 'async def'")
-        if lease is not None and not lease > 0:
+        if lease is not None and (
+            isinstance(lease, bool) or not isinstance(lease, int | float) or not lease > 0
+        ):
             raise ConfigurationError(f"lease of {_name(func)} must be positive, not {lease!r}")
         if mode not in ("inline", "queued"):
             raise ConfigurationError(

@@ -79,13 +79,27 @@ class Provider:
             verifier = StandardWebhooks(
                 secrets, tolerance=DEFAULT_TOLERANCE if tolerance is None else tolerance
             )
+        elif isinstance(verifier, type):
+            # The class, not a verifier: accepted, every delivery would fail verifying (500).
+            raise ConfigurationError(
+                f"provider {name!r}: verifier= takes a verifier, not its class: pass an "
+                f"instance, e.g. {verifier.__name__}([secret])"
+            )
+        elif not callable(getattr(verifier, "verify", None)):
+            raise ConfigurationError(
+                f"provider {name!r}: verifier= takes an object with verify(headers, body, now), "
+                f"not {type(verifier).__name__}"
+            )
         elif secrets or tolerance is not None:
             raise ConfigurationError(
                 f"provider {name!r}: secrets= and tolerance= configure Standard Webhooks; with "
                 "verifier=, give them to the verifier instead"
             )
-        if not lease > 0:
-            raise ConfigurationError(f"provider {name!r}: lease must be positive, not {lease!r}")
+        # A bool is an int: lease=True would be one second.
+        if isinstance(lease, bool) or not isinstance(lease, int | float) or not lease > 0:
+            raise ConfigurationError(
+                f"provider {name!r}: lease must be positive seconds, not {lease!r}"
+            )
         if mode not in ("inline", "queued"):
             raise ConfigurationError(
                 f"provider {name!r}: mode must be 'inline' or 'queued', not {mode!r}"

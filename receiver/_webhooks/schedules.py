@@ -39,6 +39,9 @@ __all__ = [
 # No provider retries for longer than a year; a span beyond that almost always means the delays
 # were written in milliseconds. Refusing it here beats a receipt table that never expires.
 _MAX_SPAN = 366 * DAY
+# The most attempts exponential() builds: far more than any sender makes (Paddle, the most,
+# makes 61), few enough to list.
+_MAX_ATTEMPTS = 10_000
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,11 @@ def exponential(
     """
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise ConfigurationError(f"exponential backoff needs attempts >= 1, got {attempts!r}")
+    if attempts > _MAX_ATTEMPTS:
+        # Each attempt is a delay built here: 2**70 of them never finished building.
+        raise ConfigurationError(
+            f"exponential backoff takes at most {_MAX_ATTEMPTS} attempts, got {attempts!r}"
+        )
     base = as_seconds(base, "exponential backoff base", limit=_MAX_SPAN)
     if isinstance(factor, bool) or not isinstance(factor, int | float):
         raise ConfigurationError(f"exponential backoff factor must be a number, got {factor!r}")

@@ -25,7 +25,10 @@ def as_seconds(value: object, what: str, *, limit: float = _MAX_SECONDS) -> floa
         raise ConfigurationError(
             f"{what} must be a number of seconds, got {value!r} ({type(value).__name__})"
         )
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int past the float range: as infinite as it gets
+        seconds = math.inf if value > 0 else -math.inf
     if not math.isfinite(seconds) or seconds < 0:
         raise ConfigurationError(f"{what} must be a finite number of seconds >= 0, got {value!r}")
     if seconds > limit:
@@ -35,6 +38,10 @@ def as_seconds(value: object, what: str, *, limit: float = _MAX_SECONDS) -> floa
         )
     return seconds
 
+
+# Where format_duration stops counting units (about 31,700 years): up to here a float still
+# holds every millisecond exactly.
+_NO_MILLIS = 1e12
 
 _UNITS = {"d": DAY, "h": HOUR, "m": MINUTE, "s": 1.0}
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
@@ -81,6 +88,10 @@ def format_duration(seconds: float) -> str:
         return str(seconds)
     if seconds < 0:
         return "-" + format_duration(-seconds)
+    if seconds >= _NO_MILLIS:
+        # Past it milliseconds are lost, and past about 1.8e305 s counting them overflows:
+        # only ever a value being refused (ttl=1e306), said as a number.
+        return f"{seconds:.6g}s"
     millis = round(seconds * 1000)
     if millis == 0:
         return "0s"

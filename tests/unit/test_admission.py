@@ -282,7 +282,12 @@ def test_a_bound_of_0_admits_everything() -> None:
 
 @pytest.mark.parametrize(
     "options",
-    [{"max_in_progress": -1}, {"max_in_progress": 2.5}, {"max_queue_wait": 0}],
+    [
+        {"max_in_progress": -1},
+        {"max_in_progress": 2.5},
+        {"max_queue_wait": 0},
+        {"max_queue_wait": True},
+    ],
 )
 def test_bad_admission_settings_are_refused(options: dict[str, Any]) -> None:
     with pytest.raises(ConfigurationError):

@@ -66,6 +66,9 @@ def test_the_defaults_are_the_documented_ones() -> None:
         {"cap": 1.0, "base": 2.0},
         {"jitter": 1.0},
         {"jitter": -0.1},
+        {"base": True},  # a bool is an int: True seconds is always a mistake
+        {"cap": True, "base": 0.5},
+        {"jitter": False},
     ],
 )
 def test_bad_schedules_are_refused_at_start_up(options: dict[str, float]) -> None:

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from receiver import ConfigurationError, Provider, Receiver
+from receiver import ConfigurationError, Provider, Receiver, Stripe
 from receiver._webhooks.handlers import Registry
 
 
@@ -95,3 +95,43 @@ def test_provider_configuration_errors() -> None:
     with pytest.raises(ConfigurationError, match="configured twice"):
         Receiver("sqlite:///:memory:", [Provider("p", ["whsec_" + "A" * 32])] * 2)
     assert "whsec" not in repr(Provider("p", ["whsec_" + "A" * 32]))
+
+
+def test_a_verifier_class_is_refused_for_an_instance() -> None:
+    # Accepted, every delivery was a 500: the class's verify is unbound.
+    with pytest.raises(ConfigurationError, match=r"pass an instance, e\.g\. Stripe\(\[secret\]\)"):
+        Provider("p", verifier=Stripe)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="verify"):
+        Provider("p", verifier="whsec_" + "A" * 32)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"retry_after": "5"}, "retry_after is whole seconds"),
+        ({"retry_after": None}, "retry_after is whole seconds"),
+        ({"retry_after": 5.5}, "retry_after is whole seconds"),
+        ({"retry_after": True}, "retry_after is whole seconds"),
+        ({"retry_after": -1}, "retry_after"),
+        ({"retry_after": 10**400}, "retry_after"),
+        ({"sweep_interval": True}, "sweep_interval"),
+        ({"sweep_interval": "60"}, "sweep_interval"),
+        ({"sweep_interval": float("inf")}, "sweep_interval"),
+        ({"replay_cache": True}, "replay_cache"),
+        ({"replay_cache": 1.5}, "replay_cache"),
+    ],
+)
+def test_receiver_settings_of_the_wrong_type_are_refused(
+    options: dict[str, Any], says: str
+) -> None:
+    # retry_after="5" or None was accepted, then every duplicate got a 500, not its 409.
+    with pytest.raises(ConfigurationError, match=says):
+        Receiver("sqlite:///:memory:", **options)
+
+
+@pytest.mark.parametrize("lease", [True, "60", float("nan")])
+def test_a_lease_that_is_no_number_of_seconds_is_refused(lease: Any) -> None:
+    with pytest.raises(ConfigurationError, match="lease must be positive seconds"):
+        Provider("p", ["whsec_" + "A" * 32], lease=lease)
+    with pytest.raises(ConfigurationError, match="lease"):
+        Registry().add("x", a, lease=lease)

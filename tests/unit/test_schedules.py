@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from receiver import Provider
 from receiver._exceptions import ConfigurationError
 from receiver._webhooks.schedules import (
     PRESETS,
@@ -210,6 +211,13 @@ def test_exponential_rejects(args: tuple[float, float, int], fragment: str) -> N
         exponential(*args)
 
 
+def test_exponential_refuses_more_attempts_than_it_can_list() -> None:
+    # 2**70 attempts never returned: one delay was built per attempt.
+    assert exponential(0, 2, 10_000).attempts == 10_000
+    with pytest.raises(ConfigurationError, match="at most 10000 attempts"):
+        exponential(60, 2, 2**70)
+
+
 # --------------------------------------------------------------------------- durations
 
 
@@ -269,6 +277,20 @@ def test_parse_duration_rejects_bad_numbers(value: object) -> None:
 )
 def test_format_duration(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(1e306, "1e+306s"), (-1e306, "-1e+306s"), (1e12, "1e+12s")]
+)
+def test_format_duration_is_total(seconds: float, text: str) -> None:
+    # Counting milliseconds overflowed past 1.8e305 s: an OverflowError inside an error message.
+    assert format_duration(seconds) == text
+
+
+@pytest.mark.parametrize("ttl", [1e306, 10**400])
+def test_a_huge_ttl_is_refused_clearly(ttl: float) -> None:
+    with pytest.raises(ConfigurationError, match="ttl"):
+        Provider("p", ["whsec_" + "A" * 32], ttl=ttl)
 
 
 @settings(max_examples=300, deadline=None)

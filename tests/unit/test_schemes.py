@@ -669,8 +669,19 @@ def test_bad_secrets_are_configuration_errors(scheme: type[Any], secrets: Any) -
         scheme(secrets)
 
 
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("secret", ["\ud800", "s3cret\udcff"])
+def test_a_secret_with_a_lone_surrogate_is_refused_without_echoing_it(
+    scheme: type[Any], secret: str
+) -> None:
+    # It cannot be encoded: accepted, it failed every delivery (500) instead.
+    with pytest.raises(ConfigurationError, match="lone surrogate") as refused:
+        scheme([secret])
+    assert "s3cret" not in str(refused.value)
+
+
 @pytest.mark.parametrize("scheme", [Stripe, Slack])
-@pytest.mark.parametrize("tolerance", [-1, float("nan"), float("inf"), "300"])
+@pytest.mark.parametrize("tolerance", [-1, float("nan"), float("inf"), "300", True])
 def test_bad_tolerance_is_a_configuration_error(scheme: type[Any], tolerance: Any) -> None:
     with pytest.raises(ConfigurationError):
         scheme(["secret"], tolerance=tolerance)

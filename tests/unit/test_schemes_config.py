@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from receiver import ConfigurationError, Provider, Slack, StandardWebhooks, Stripe, load_config
+from receiver import (
+    ConfigurationError,
+    MalformedRequest,
+    Provider,
+    Slack,
+    StandardWebhooks,
+    Stripe,
+    load_config,
+)
 from receiver._verification.keys import KeyedVerifier, key_from_parts
 from receiver._verification.senders import Linear, Paddle, Zoom
 from receiver._verification.twilio import Twilio
@@ -112,6 +120,31 @@ def test_configuration_errors_name_the_key(tmp_path: Path, table: str, message: 
 def test_dedup_key_is_checked_at_start_up(key: object) -> None:
     with pytest.raises(ConfigurationError, match="dedup_key"):
         Provider("p", ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"], dedup_key=key)  # type: ignore[arg-type]
+
+
+async def _async_key(body: object) -> str:
+    return "k"
+
+
+class _AsyncKey:
+    async def __call__(self, body: object) -> str:
+        return "k"
+
+
+@pytest.mark.parametrize("key", [_async_key, _AsyncKey()])
+def test_an_async_dedup_key_function_is_refused_at_start_up(key: object) -> None:
+    # The key is read while verifying, with nothing to await: every delivery was a final 400.
+    with pytest.raises(ConfigurationError, match="dedup_key must be a plain function"):
+        Provider("p", ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"], dedup_key=key)  # type: ignore[arg-type]
+
+
+def test_a_number_without_a_fraction_is_the_integer_it_is() -> None:
+    # As the docs say: only a fractional value is refused; 1200.0 is 1200 however it is written.
+    assert key_from_parts([1200.0, "a"], "k") == key_from_parts([1200, "a"], "k") == "1200|a"
+    assert key_from_parts([-0.0], "k") == "0"
+    for bad in (12.5, float("nan"), float("inf")):
+        with pytest.raises(MalformedRequest, match="not a whole number"):
+            key_from_parts([bad], "k")
 
 
 def test_keys_are_readable_when_they_can_be() -> None:

@@ -199,6 +199,11 @@ def test_twilio_configuration_errors() -> None:
         Twilio(["t"], url="example.com/no-scheme")
     with pytest.raises(ConfigurationError, match="must be a list"):
         Twilio("t", url="https://example.com")
+    # Signed as UTF-8: a lone surrogate failed every delivery with a 500.
+    with pytest.raises(ConfigurationError, match="lone surrogate"):
+        Twilio(["s3cr3t\ud800"], url="https://example.com")
+    with pytest.raises(ConfigurationError, match="url must be"):
+        Twilio(["t"], url="https://example.com/\ud800")
     assert "s3cr3t" not in repr(Twilio(["s3cr3t"], url="https://example.com"))
 
 

@@ -465,7 +465,7 @@ def test_bad_secrets_fail_at_construction(secrets: object, fragment: str) -> Non
                 assert secret[-16:] not in str(info.value)
 
 
-@pytest.mark.parametrize("tolerance", [-1.0, float("nan"), float("inf")])
+@pytest.mark.parametrize("tolerance", [-1.0, float("nan"), float("inf"), True, "300"])
 def test_bad_tolerance(tolerance: float) -> None:
     with pytest.raises(ConfigurationError, match="tolerance"):
         StandardWebhooks([generate_secret()], tolerance=tolerance)
