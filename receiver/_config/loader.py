@@ -26,7 +26,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,7 +43,7 @@ from .._webhooks.schedules import RetrySchedule, dedup_window, parse_duration
 from .._webhooks.senders import sender_timeout
 from .._webhooks.timespans import DAY
 from .model import Config, ProviderConfig
-from .toml_source import Key, located, scan, show, syntax_error
+from .toml_source import Key, located, read, scan, show
 
 SCHEMES: Mapping[str, str] = {
     "standard-webhooks": "svix",
@@ -123,20 +122,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     Reads neither the environment nor the handler modules: :meth:`Config.receiver` does.
     """
     name = os.fspath(path)
-    try:
-        with open(name, "rb") as file:
-            data = file.read()
-    except OSError as exc:
-        raise ConfigurationError(f"cannot read {name}: {exc.strerror or exc}") from exc
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise ConfigurationError(f"{name}:{line}: not UTF-8 text; TOML files are UTF-8") from exc
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigurationError(syntax_error(name, exc)) from exc
+    text, doc = read(name)
     return _Parser(name, scan(text)).config(doc)
 
 

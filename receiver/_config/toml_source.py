@@ -11,6 +11,7 @@ import json
 import re
 import tomllib
 from collections.abc import Mapping
+from typing import Any
 
 from .._exceptions import ConfigurationError
 
@@ -35,6 +36,34 @@ def located(
         for i, part in enumerate(key)
     )
     return ConfigurationError(f"{where}: {dotted}: {message}" if dotted else f"{where}: {message}")
+
+
+def read(name: str) -> tuple[str, dict[str, Any]]:
+    """The text of the TOML file ``name`` and its document; ConfigurationError naming the file
+    (and the line, where there is one) when it cannot be read or parsed."""
+    try:
+        with open(name, "rb") as file:
+            data = file.read()
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read {name}: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # a NUL in the path: no file can have that name
+        shown = name.replace("\x00", "\\x00")  # spelled out: a NUL would end the line
+        raise ConfigurationError(
+            f"cannot read {shown}: a path cannot hold a NUL character"
+        ) from exc
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigurationError(f"{name}:{line}: not UTF-8 text; TOML files are UTF-8") from exc
+    try:
+        return text, tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigurationError(syntax_error(name, exc)) from exc
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise ConfigurationError(
+            f"{name}: invalid TOML: arrays or inline tables nested too deeply"
+        ) from None
 
 
 _AT = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)$")

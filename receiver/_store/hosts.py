@@ -59,8 +59,13 @@ def check_url(dsn: str) -> None:
     the URL (it may hold a password)."""
     try:
         items = _items(dsn)
-    except ValueError as exc:
-        raise ConfigurationError(f"the PostgreSQL store URL does not parse: {exc}") from None
+    except ValueError:
+        # Not the parser's message: it can quote the user and password ("netloc 'app:s3...'").
+        raise ConfigurationError(
+            "the PostgreSQL store URL does not parse: an unclosed '[' around an IPv6 host, or a "
+            "character in the user, password or host that stands for '/', '?', '#', '@' or ':' "
+            "(percent-encode it)"
+        ) from None
     for _, port in items:
         if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
             raise ConfigurationError(

@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 
 from .._exceptions import StoreMisconfigured, StoreReadOnly, StoreUnavailable
-from . import hosts
+from . import hosts, settings
 from .base import Connection, Row, Store
 from .queries import queries
 
@@ -238,6 +238,9 @@ class PostgresStore(Store):
         listen_url: str | None = None,
     ) -> None:
         self.clock = clock
+        min_size, max_size = settings.pool_sizes(min_size, max_size)
+        acquire_timeout = settings.timeout("acquire_timeout", acquire_timeout)
+        connect_timeout = settings.timeout("connect_timeout", connect_timeout)
         if dsn is not None:
             hosts.check_url(dsn)
             dsn, url_pooler, url_listen = split_pooler(dsn)
@@ -258,7 +261,11 @@ class PostgresStore(Store):
             # Up to 4 batched statements in flight, never more than half the pool: the rest is
             # for handlers' transactions.
             batch_flushes = min(4, max_size // 2)
-        if not 0 <= batch_flushes < max_size:
+        if (
+            isinstance(batch_flushes, bool)
+            or not isinstance(batch_flushes, int)
+            or not 0 <= batch_flushes < max_size
+        ):
             from .._exceptions import ConfigurationError
 
             raise ConfigurationError(

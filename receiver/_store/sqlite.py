@@ -19,7 +19,8 @@ from typing import Any
 
 import aiosqlite
 
-from .._exceptions import StoreUnavailable
+from .._exceptions import ConfigurationError, StoreUnavailable
+from . import settings
 from .base import Connection, Row, Store
 from .group_commit import GroupCommit, translated
 from .migrations import apply_if_missing
@@ -204,6 +205,20 @@ class SQLiteStore(Store):
         group_commit: bool = True,
         auto_migrate: bool = True,
     ) -> None:
+        # Checked here, not on first use: a path of another type or a busy_timeout that is no
+        # number of seconds was accepted, then failed on the first delivery.
+        if not isinstance(path, str | Path):
+            raise ConfigurationError(
+                f"SQLiteStore takes the database file's path (a str or Path), not "
+                f"{type(path).__name__}"
+            )
+        if not str(path) or "\x00" in str(path):
+            # "" is a temporary file SQLite deletes at close: a ledger that forgets.
+            raise ConfigurationError(
+                "SQLiteStore's path is empty or holds a NUL character: give the database "
+                "file's path, or ':memory:'"
+            )
+        busy_timeout = settings.timeout("busy_timeout", busy_timeout, zero=True)
         self.auto_migrate = auto_migrate
         self.clock = clock
         # Group commit: concurrent claims, and the completions of handlers that never touched

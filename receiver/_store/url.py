@@ -6,12 +6,15 @@ which imports the seam).
 
 from __future__ import annotations
 
+import re
+
 from .._exceptions import ConfigurationError
 from .base import Store
 from .postgres import PostgresStore
 from .sqlite import SQLiteStore
 
 _EXAMPLES = "postgresql://user@host/db or sqlite:///path/to/receiver.db"
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,31}")  # RFC 3986: no user or password in it
 
 
 def store_from_url(url: str) -> Store:
@@ -30,22 +33,15 @@ def store_from_url(url: str) -> Store:
             )
         return SQLiteStore(path)
     scheme, found, _ = url.partition("://")
-    if not found:
-        hint = f"sqlite:///{url}" if url and ":" not in url else "sqlite:///path/to/receiver.db"
+    if url and ":" not in url and "@" not in url:  # a file's path: shown, in its URL
         raise ConfigurationError(
-            f"store URL {url!r} has no scheme: for a SQLite file write {hint}, for PostgreSQL "
-            "postgresql://user@host/db"
+            f"store URL {url!r} has no scheme: for a SQLite file write sqlite:///{url}, for "
+            "PostgreSQL postgresql://user@host/db"
         )
-    raise ConfigurationError(
-        f"unsupported store URL scheme {scheme!r} in {_redacted(url)!r}: use {_EXAMPLES}"
-    )
-
-
-def _redacted(url: str) -> str:
-    """The URL without a password, which may follow ``user:`` before ``@``."""
-    scheme, _, rest = url.partition("://")
-    credentials, at, host = rest.rpartition("@")
-    if not at:
-        return url
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}://{user}@{host}"
+    # Neither shows the URL: "postgresql:/app:s3cret@db/app" (one slash), "mysql://app:s3cret@db"
+    # or "mysql://db/app?password=s3cret" holds a password, which no parse can be sure to find.
+    if not found or _SCHEME.fullmatch(scheme) is None:
+        raise ConfigurationError(
+            f"the store URL has no scheme (no '://' after a name): use {_EXAMPLES}"
+        )
+    raise ConfigurationError(f"unsupported store URL scheme {scheme!r}: use {_EXAMPLES}")

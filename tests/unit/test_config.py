@@ -585,7 +585,7 @@ ERRORS = [
     ),
     (
         'store = "mysql://u:password@db/x"\n' + P,
-        "receiver.toml:1: store: unsupported store URL scheme 'mysql' in 'mysql://u@db/x': use "
+        "receiver.toml:1: store: unsupported store URL scheme 'mysql': use "
         "postgresql://user@host/db or sqlite:///path/to/receiver.db",
     ),
     (
@@ -651,6 +651,20 @@ def test_file_errors(write: Write) -> None:
     with pytest.raises(ConfigurationError) as caught:
         load_config("latin1.toml")
     assert str(caught.value) == "latin1.toml:2: not UTF-8 text; TOML files are UTF-8"
+    # Both were tracebacks: ValueError (embedded null byte) and RecursionError.
+    with pytest.raises(ConfigurationError) as caught:
+        load_config("receiver\x00.toml")
+    assert str(caught.value) == (
+        "cannot read receiver\\x00.toml: a path cannot hold a NUL character"
+    )
+    Path("deep.toml").write_text("a = " + "[" * 5000 + "]" * 5000 + "\n", encoding="utf-8")
+    Path("deeper.toml").write_text("a = " + "{b = " * 5000 + "1" + "}" * 5000 + "\n")
+    for name in ("deep.toml", "deeper.toml"):
+        with pytest.raises(ConfigurationError) as caught:
+            load_config(name)
+        assert str(caught.value) == (
+            f"{name}: invalid TOML: arrays or inline tables nested too deeply"
+        )
 
 
 def test_a_store_error_never_shows_its_password(write: Write) -> None:

@@ -42,3 +42,24 @@ def test_a_url_that_names_no_server_is_refused_without_its_password(dsn: str, sa
         with pytest.raises(ConfigurationError, match=says) as refused:
             make(dsn)
         assert "s3cret" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql:/app:s3cret@db/app",  # one slash: no scheme
+        "postgresql:app:s3cret@db/app",
+        "postgres:app:s3cret@db",
+        "mysql://app:s3cret@db/app",
+        "mysql://app:p@ss:s3cret@db/app",
+        "mysql://db/app?password=s3cret",
+        "mysql://db/app?password=a@s3cret",
+        "app:s3cret@db://x",
+        "postgresql://app:s3\uff03cret@db/app",  # NFKC-normalizes to "#": urlsplit quotes it
+    ],
+)
+def test_a_url_that_is_refused_never_shows_its_password(url: str) -> None:
+    with pytest.raises(ConfigurationError) as refused:
+        store_from_url(url)
+    assert "s3" not in str(refused.value)
+    assert "cret" not in str(refused.value)
