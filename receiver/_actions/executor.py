@@ -71,6 +71,10 @@ F = TypeVar("F", bound=ToolFunc)
 _TOOL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 _JSON = "application/json"
 _DAY = 86_400.0
+# The longest window, as the Idempotency-Key middleware's and a provider's longest ttl
+# (receiver/_idempotency/settings.py MAX_TTL, not imported: an entry point never imports
+# another): past it a key outlives any retry, and inf overflowed the stored timestamps.
+_MAX_WINDOW = 731 * _DAY
 
 
 class Receiver(Protocol):
@@ -141,8 +145,17 @@ class Actions(Steps):
                 f"lease ({lease!r} s) must be positive and within the window ({window!r} s): "
                 "a key must not expire while an attempt still holds it"
             )
-        if not wait >= 0:
-            raise ConfigurationError(f"wait must be >= 0 seconds, not {wait!r}")
+        if not window <= _MAX_WINDOW:  # inf overflowed the stored expiry timestamps
+            raise ConfigurationError(
+                f"window must be finite seconds, at most {_MAX_WINDOW:.0f} (two years), "
+                f"not {window!r}"
+            )
+        if not 0 <= wait < float("inf"):
+            raise ConfigurationError(f"wait must be >= 0 seconds, and finite, not {wait!r}")
+        if isinstance(replay_cache, bool) or not isinstance(replay_cache, int):
+            raise ConfigurationError(
+                f"replay_cache is a number of results (0: none), not {replay_cache!r}"
+            )
         self.lease, self.window, self.wait = lease, window, wait
         self.encoder = encoder
         #: How long each tool usually takes: a duplicate's retry_after (receiver/_ops/durations.py).
@@ -156,7 +169,11 @@ class Actions(Steps):
         self.sweeper: KeySweeper | None = None
         if isinstance(target, Store):
             self.store = target
-            if sweep_interval is not None and not sweep_interval > 0:
+            if sweep_interval is not None and (
+                isinstance(sweep_interval, bool)
+                or not isinstance(sweep_interval, int | float)
+                or not 0 < sweep_interval < float("inf")
+            ):
                 raise ConfigurationError(
                     f"sweep_interval must be positive seconds, or None, not {sweep_interval!r}"
                 )

@@ -86,6 +86,15 @@ def test_the_fake_clock_only_moves_forward() -> None:
     assert clock.advance(5) == 15 == clock()
     with pytest.raises(ReceiverError, match="only moves forward"):
         clock.advance(-1)
+    with pytest.raises(ReceiverError, match="only moves forward"):
+        clock.advance(True)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("now", [float("nan"), float("inf"), -1.0, True, "10"])
+def test_the_fake_clock_starts_at_a_real_time(now: float) -> None:
+    # NaN compares false with everything: no lease or receipt would ever expire.
+    with pytest.raises(ReceiverError, match="fake clock starts at finite unix seconds"):
+        FakeClock(now)
 
 
 @settings(max_examples=15, deadline=None)

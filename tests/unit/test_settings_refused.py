@@ -67,6 +67,13 @@ CASES: list[tuple[str, Callable[[SQLiteStore], Any], str]] = [
     ("a provider name ending in a newline", lambda s: Provider("acme\n", [SECRET]), "acme"),
     ("executor lease as text", lambda s: Actions(s, lease="5"), "lease is seconds"),
     ("executor wait NaN", lambda s: Actions(s, wait=math.nan), "wait must be >= 0"),
+    ("executor wait inf", lambda s: Actions(s, wait=math.inf), "wait must be >= 0"),
+    # An infinite window overflowed the stored expiry timestamps.
+    ("executor window inf", lambda s: Actions(s, window=math.inf), "window must be finite"),
+    ("executor window huge", lambda s: Actions(s, window=1e12), "at most 63158400"),
+    ("executor window True", lambda s: Actions(s, window=True), "window is seconds"),
+    ("executor replay_cache True", lambda s: Actions(s, replay_cache=True), "replay_cache"),
+    ("executor sweep_interval inf", lambda s: Actions(s, sweep_interval=math.inf), "sweep"),
     (
         "volatile as one string",
         lambda s: Actions(s).add_tool("refund", tool, volatile="reason"),
