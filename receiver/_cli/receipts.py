@@ -74,12 +74,11 @@ def inspect_command(args: argparse.Namespace) -> int:
 
 def failed_command(args: argparse.Namespace) -> int:
     provider = text_argument("--provider", args.provider)
-    limit = args.limit
     store = existing_store(args.store)
 
     async def run() -> list[Row]:
         async with store, store.acquire() as conn:
-            return await conn.run_all("list_failed", provider, limit)
+            return await conn.run_all("list_failed", provider, args.limit)
 
     rows = read(store, run)
     if not rows:

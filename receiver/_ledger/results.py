@@ -86,10 +86,15 @@ def dumps(value: Any, encoder: Encoder | None = None) -> bytes:
     return out
 
 
+#: The integers orjson writes as numbers (signed and unsigned 64 bits); the verification layer
+#: keeps the same bounds for the same reason (the layers do not import each other).
+_ORJSON_INT_MIN, _ORJSON_INT_MAX = -(2**63), 2**64 - 1
+
+
 def _exact_ints(value: Any) -> Any:
     """``value`` with every integer orjson cannot write as a fragment of its digits."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return value if -(2**63) <= value < 2**64 else orjson.Fragment(str(value))
+        return value if _ORJSON_INT_MIN <= value <= _ORJSON_INT_MAX else orjson.Fragment(str(value))
     if isinstance(value, dict):
         return {k: _exact_ints(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -18,6 +18,7 @@ needs review (409, listed by the console). It is never forwarded again blindly.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import inspect
 import logging
@@ -57,6 +58,8 @@ from .attempt import (
     Reconcile,
     bad_gateway,
     envelope,
+    passed_on,
+    proxied_request_of,
     stored,
     upstream_key,
 )
@@ -67,7 +70,6 @@ logger = logging.getLogger("receiver.proxy")
 
 NAMESPACE = "proxy"
 Principal = Callable[[Scope], str | Awaitable[str]]
-_JSON = "application/json"
 
 
 def authorization_principal(scope: Scope) -> str:
@@ -208,7 +210,7 @@ class IdempotencyProxy(Recovery):
         if scope["type"] != "http":
             return  # websockets are not proxied
         try:
-            forward.target(self.upstream, scope)
+            url = forward.target(self.upstream, scope)
             forward.check_headers(scope)
         except forward.BadTarget as exc:
             self.metrics.count("refused")
@@ -219,7 +221,7 @@ class IdempotencyProxy(Recovery):
         if scope["method"] not in self.methods or (
             self.paths is not None and not settings.matches(self.paths, scope["path"])
         ):
-            await self._pass(scope, receive, send)
+            await self._pass(scope, receive, send, url)
             return
         values = [v for k, v in scope["headers"] if k.lower() == b"idempotency-key"]
         try:
@@ -238,7 +240,7 @@ class IdempotencyProxy(Recovery):
                     scope, receive, send
                 )
                 return
-            await self._pass(scope, receive, send)
+            await self._pass(scope, receive, send, url)
             return
         try:
             body = await read_body(receive, self.max_body_size)
@@ -254,7 +256,7 @@ class IdempotencyProxy(Recovery):
             await _NO_PRINCIPAL(scope, receive, send)
             return
         try:
-            response = await self._keyed(scope, key, principal, body)
+            response = await self._keyed(scope, key, principal, body, url)
         except StoreUnavailable as exc:
             self.metrics.count("unavailable")
             response = _unavailable(exc)
@@ -280,11 +282,10 @@ class IdempotencyProxy(Recovery):
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def _pass(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _pass(self, scope: Scope, receive: Receive, send: Send, url: httpx.URL) -> None:
         """No key needed: streamed through, nothing stored."""
         self.metrics.count("passed")
         try:
-            url = forward.target(self.upstream, scope)
             await forward.stream(self.client, url, scope, receive, send)
         except forward.NotSent as exc:
             self.metrics.upstream_errors.labels(exc.kind).inc()
@@ -298,7 +299,9 @@ class IdempotencyProxy(Recovery):
     def _key(self, principal: str, key: str) -> Key:
         return Key(self.provider, orjson.dumps([principal, key]).decode())
 
-    async def _keyed(self, scope: Scope, key: str, principal: str, body: bytes) -> Response | None:
+    async def _keyed(
+        self, scope: Scope, key: str, principal: str, body: bytes, url: httpx.URL
+    ) -> Response | None:
         """Claim the key, then forward, replay, recover or refuse. None: the answer was sent."""
         claim = Claim(
             self._key(principal, key),
@@ -310,7 +313,7 @@ class IdempotencyProxy(Recovery):
             self.lease,
             self.ttl,
         )
-        request = ProxiedRequest(key, principal, 0, self._upstream_key(claim.key, key))
+        request = ProxiedRequest(key, principal, 0, self._upstream_key(claim.key, key), url)
         hit = None if self._cache is None else self._cache.get(claim.key, time.time())
         if hit is not None:
             if hit.payload_hash == claim.payload_hash:
@@ -360,7 +363,7 @@ class IdempotencyProxy(Recovery):
         async with asyncio.timeout(self.timeout):
             got = await forward.exchange(
                 self.client,
-                forward.target(self.upstream, scope),
+                context.url,
                 scope,
                 message.get("body", b""),
                 extra,
@@ -376,7 +379,7 @@ class IdempotencyProxy(Recovery):
     ) -> Response | None:
         """Forward under ``fence`` and store the answer; what a failure means depends on whether
         the upstream may have acted (module docstring)."""
-        request = ProxiedRequest(request.key, request.principal, fence, request.upstream_key)
+        request = dataclasses.replace(request, fence=fence)
         start: Message | None = None
         chunks: list[bytes] = []
 
@@ -422,11 +425,11 @@ class IdempotencyProxy(Recovery):
             if status in self.retry_statuses:
                 # The upstream said "not now" without acting: given back, passed on unstored.
                 await self._released(claim, fence, f"upstream {status}", None, "")
-                return _passed_on(status, answer_headers, answer)
+                return passed_on(status, answer_headers, answer)
             if status >= 500:
                 self.metrics.upstream_errors.labels("5xx").inc()
                 await self._unresolved(claim, fence, f"upstream {status}")
-                return _passed_on(status, answer_headers, answer)
+                return passed_on(status, answer_headers, answer)
             result = stored(status, answer_headers, answer)
             try:
                 await keyed.complete(self.store, None, claim.key, fence, result)
@@ -435,7 +438,7 @@ class IdempotencyProxy(Recovery):
                 return _problem(409, "lease-lost", "Request superseded", detail, retry_after=1)
         self._remember(claim, result, self.ttl)
         self.metrics.count("forwarded")
-        return _passed_on(status, answer_headers, answer)
+        return passed_on(status, answer_headers, answer)
 
     async def _released(
         self, claim: Claim, fence: int, kind: str, status: int | None, detail: str
@@ -481,19 +484,3 @@ class IdempotencyProxy(Recovery):
 
     def __repr__(self) -> str:
         return f"IdempotencyProxy({self.upstream!r}, store={self.store.url!r})"
-
-
-def proxied_request_of(scope: Scope) -> ProxiedRequest:
-    found = scope.get(SCOPE_KEY)
-    if not isinstance(found, ProxiedRequest):
-        raise ConfigurationError("the proxy's forwarding step runs only inside the proxy")
-    return found
-
-
-def _passed_on(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> Response:
-    response = Response(body, status)
-    response.raw_headers = [
-        *(h for h in headers if h[0].lower() != b"content-length"),
-        (b"content-length", str(len(body)).encode()),
-    ]
-    return response

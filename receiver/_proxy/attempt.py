@@ -19,7 +19,7 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Scope
 
-from .._exceptions import ReceiverError
+from .._exceptions import ConfigurationError, ReceiverError
 from .._idempotency.middleware import _problem
 from .._ledger.receipts import Key, StoredResponse
 from .._ledger.responses import NOT_STORED
@@ -33,17 +33,26 @@ _NOT_STORED = NOT_STORED | {b"set-cookie"}
 @dataclass(frozen=True, slots=True)
 class ProxiedRequest:
     """A keyed request being forwarded: the client's key, its principal, the attempt's fence,
-    and the key the upstream gets (``upstream_key``: the same on every attempt)."""
+    the key the upstream gets (``upstream_key``: the same on every attempt), and the upstream
+    URL it goes to (checked once, as the request arrived)."""
 
     key: str
     principal: str
     fence: int
     upstream_key: str
+    url: httpx.URL
 
 
 def proxied_request(scope: Scope) -> ProxiedRequest | None:
     found = scope.get(SCOPE_KEY)
     return found if isinstance(found, ProxiedRequest) else None
+
+
+def proxied_request_of(scope: Scope) -> ProxiedRequest:
+    found = scope.get(SCOPE_KEY)
+    if not isinstance(found, ProxiedRequest):
+        raise ConfigurationError("the proxy's forwarding step runs only inside the proxy")
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,3 +136,13 @@ def reconciled(answer: Any) -> StoredResponse:
 def bad_gateway(status: int, detail: str) -> Response:
     title = "Bad gateway" if status == 502 else "Gateway timeout"
     return _problem(status, "upstream", title, detail, retry_after=1)
+
+
+def passed_on(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> Response:
+    """The upstream's answer as the client gets it, framed by its length."""
+    response = Response(body, status)
+    response.raw_headers = [
+        *(h for h in headers if h[0].lower() != b"content-length"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    return response
