@@ -49,6 +49,7 @@ from .._ops.sweeper import (
     SweepReport,
 )
 from .._store.base import Store
+from .._values import names, seconds
 from .action import (
     Action,
     ActionResult,
@@ -71,10 +72,6 @@ F = TypeVar("F", bound=ToolFunc)
 _TOOL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 _JSON = "application/json"
 _DAY = 86_400.0
-# The longest window, as the Idempotency-Key middleware's and a provider's longest ttl
-# (receiver/_idempotency/settings.py MAX_TTL, not imported: an entry point never imports
-# another): past it a key outlives any retry, and inf overflowed the stored timestamps.
-_MAX_WINDOW = 731 * _DAY
 
 
 class Receiver(Protocol):
@@ -137,21 +134,14 @@ class Actions(Steps):
         dead_letter_retention: float | None = None,
         audit_retention: float | None = None,
     ) -> None:
-        for name, value in (("lease", lease), ("window", window), ("wait", wait)):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ConfigurationError(f"{name} is seconds, a number, not {value!r}")
-        if not 0 < lease <= window:
+        # inf overflowed the stored expiry timestamps
+        window, wait = seconds("window", window), seconds("wait", wait, zero=True)
+        lease = seconds("lease", lease)
+        if not lease <= window:
             raise ConfigurationError(
                 f"lease ({lease!r} s) must be positive and within the window ({window!r} s): "
                 "a key must not expire while an attempt still holds it"
             )
-        if not window <= _MAX_WINDOW:  # inf overflowed the stored expiry timestamps
-            raise ConfigurationError(
-                f"window must be finite seconds, at most {_MAX_WINDOW:.0f} (two years), "
-                f"not {window!r}"
-            )
-        if not 0 <= wait < float("inf"):
-            raise ConfigurationError(f"wait must be >= 0 seconds, and finite, not {wait!r}")
         if isinstance(replay_cache, bool) or not isinstance(replay_cache, int):
             raise ConfigurationError(
                 f"replay_cache is a number of results (0: none), not {replay_cache!r}"
@@ -269,11 +259,9 @@ class Actions(Steps):
             raise ConfigurationError(f"reconcile= only applies to effects='external' ({name!r})")
         if reconcile is not None and not inspect.iscoroutinefunction(reconcile):
             raise ConfigurationError(f"reconcile of tool {name!r} must be 'async def'")
-        listed = () if isinstance(volatile, str) else tuple(volatile)  # a generator: once
-        if isinstance(volatile, str) or not all(isinstance(v, str) for v in listed):
-            raise ConfigurationError(
-                f"volatile of tool {name!r} takes a list of field names, such as ['reason']"
-            )
+        listed = names(
+            volatile, f"volatile of tool {name!r} takes a list of field names, such as ['reason']"
+        )
         if lease is not None and not 0 < lease <= self.window:
             raise ConfigurationError(f"lease of tool {name!r} must be in (0, window]")
         tool = Tool(name, func, effects, reconcile, frozenset(listed), lease)

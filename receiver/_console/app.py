@@ -23,13 +23,14 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from .._exceptions import ConfigurationError, ReceiverError, SchemaOutdated, StoreUnavailable
+from .._exceptions import ReceiverError, SchemaOutdated, StoreUnavailable
 from .._ledger import receipts as ledger
 from .._ledger.receipts import Key
 from .._ops.metrics import Metrics
 from .._store.base import Store
 from .._store.migrations import missing
 from .._store.url import store_from_url
+from .._values import names
 from . import (
     actions,
     auth,
@@ -118,11 +119,9 @@ class Console:
         self.read_only = read_only
         self.show_payloads = show_payloads
         self.actor = actor
-        self.redact_fields = () if isinstance(redact_fields, str) else tuple(redact_fields)
-        if isinstance(redact_fields, str) or not all(
-            isinstance(f, str) for f in self.redact_fields
-        ):
-            raise ConfigurationError("redact_fields= takes a list of field names, such as ['ssn']")
+        self.redact_fields = names(
+            redact_fields, "redact_fields= takes a list of field names, such as ['ssn']"
+        )
         if not 0 < bulk_rate <= 1000:
             raise ReceiverError("bulk_rate is between 0 and 1000 deliveries a second")
         self.bulk_rate = float(bulk_rate)

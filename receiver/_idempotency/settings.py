@@ -5,32 +5,16 @@ two years overflows the database's timestamps on the first request."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Any
 
 from .._exceptions import ConfigurationError
+from .._values import MAX_SECONDS, names
+from .._values import seconds as seconds
+from .._values import size as size
 
-#: The longest ``ttl``: a key kept past it would outlive any sender's or client's retries
-#: (as a provider's dedup window, receiver/_webhooks/providers.py).
-MAX_TTL = 731 * 86_400.0
-
-
-def seconds(name: str, value: Any, *, zero: bool = False) -> float:
-    """A duration: a finite number of seconds above 0 (or 0, with ``zero``), at most two years."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ConfigurationError(f"{name} is a finite number of seconds, not {value!r}")
-    if value < 0 or (value == 0 and not zero) or value > MAX_TTL:
-        low = "0" if zero else "above 0"
-        raise ConfigurationError(f"{name} must be {low} and at most {MAX_TTL:.0f} s, not {value!r}")
-    return float(value)
-
-
-def size(name: str, value: Any) -> int:
-    """A positive whole number of bytes."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigurationError(f"{name} must be a positive whole number of bytes, not {value!r}")
-    return value
+#: The longest ``ttl`` (as a provider's dedup window, receiver/_webhooks/timespans.py).
+MAX_TTL = MAX_SECONDS
 
 
 def sweep_interval(value: Any) -> float | None:
@@ -38,13 +22,10 @@ def sweep_interval(value: Any) -> float | None:
 
 
 def methods_of(methods: Iterable[str]) -> frozenset[str]:
-    listed = () if isinstance(methods, str) else tuple(methods)
-    if not listed or not all(
-        isinstance(m, str) and m.isascii() and m.replace("-", "").isalpha() for m in listed
-    ):
-        raise ConfigurationError(
-            f"methods= takes a list of HTTP methods, such as ['POST'], not {methods!r}"
-        )
+    refused = f"methods= takes a list of HTTP methods, such as ['POST'], not {methods!r}"
+    listed = names(methods, refused, lambda m: m.isascii() and m.replace("-", "").isalpha())
+    if not listed:
+        raise ConfigurationError(refused)
     return frozenset(m.upper() for m in listed)
 
 
@@ -58,15 +39,11 @@ def patterns_of(
         if given is None:
             found.append(None)
             continue
-        listed = () if isinstance(given, str) else tuple(given)
-        if isinstance(given, str) or not all(
-            isinstance(p, str) and (p == "*" or p.startswith("/")) for p in listed
-        ):
-            raise ConfigurationError(
-                f"{name}= takes a list of path patterns, each '/exact', '/prefix/*' or '*', "
-                f"not {given!r}"
-            )
-        found.append(listed)
+        refused = (
+            f"{name}= takes a list of path patterns, each '/exact', '/prefix/*' or '*', "
+            f"not {given!r}"
+        )
+        found.append(names(given, refused, lambda p: p == "*" or p.startswith("/")))
     kept, needed = found[0], found[1] or ()
     outside = [r for r in needed if kept is not None and not matches(kept, r)]
     if outside:

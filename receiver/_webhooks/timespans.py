@@ -8,6 +8,7 @@ import math
 import re
 
 from receiver._exceptions import ConfigurationError
+from receiver._values import MAX_SECONDS
 
 MINUTE = 60.0
 HOUR = 3600.0
@@ -15,7 +16,7 @@ DAY = 86400.0
 
 # Same idea for margins, floors and TTLs, with a looser bound: two years of dedup retention is odd
 # but conceivable; a day written in milliseconds (86_400_000 s, about 2.7 years) is not.
-_MAX_SECONDS = 731 * DAY
+_MAX_SECONDS = MAX_SECONDS
 
 
 def as_seconds(value: object, what: str, *, limit: float = _MAX_SECONDS) -> float:
