@@ -262,7 +262,7 @@ class Actions(Steps):
         listed = names(
             volatile, f"volatile of tool {name!r} takes a list of field names, such as ['reason']"
         )
-        if lease is not None and not 0 < lease <= self.window:
+        if lease is not None and not seconds(f"lease of tool {name!r}", lease) <= self.window:
             raise ConfigurationError(f"lease of tool {name!r} must be in (0, window]")
         tool = Tool(name, func, effects, reconcile, frozenset(listed), lease)
         self._tools[name] = tool

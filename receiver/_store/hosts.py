@@ -57,6 +57,8 @@ def check_url(dsn: str) -> None:
     """Refuse a ``postgresql://`` URL that cannot name a server (ConfigurationError): one that
     does not parse, or a port that is not a number from 1 to 65535. The message never holds
     the URL (it may hold a password)."""
+    if not isinstance(dsn, str):
+        raise ConfigurationError(f"the PostgreSQL store URL is a str, not a {type(dsn).__name__}")
     try:
         items = _items(dsn)
     except ValueError:

@@ -100,6 +100,8 @@ CASES: list[tuple[str, Callable[[SQLiteStore], Any], str]] = [
         "takes a list of field names",
     ),
     ("a tool name ending in a newline", lambda s: Actions(s).add_tool("refund\n", tool), "name"),
+    ("a tool lease True", lambda s: Actions(s).add_tool("refund", tool, lease=True), "lease"),
+    ("a tool lease NaN", lambda s: Actions(s).add_tool("refund", tool, lease=math.nan), "lease"),
 ]
 
 

@@ -75,3 +75,9 @@ async def test_a_sqlite_busy_timeout_of_zero_is_accepted(tmp_path: Path) -> None
     store = SQLiteStore(tmp_path / "ledger.db", busy_timeout=0)
     async with store, store.acquire() as conn:
         assert conn is not None
+
+
+@pytest.mark.parametrize("dsn", [b"postgresql://h/db", 5])
+def test_a_postgres_url_that_is_not_text_is_refused(dsn: Any) -> None:
+    with pytest.raises(ConfigurationError, match="is a str"):
+        PostgresStore(dsn)
