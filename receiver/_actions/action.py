@@ -122,10 +122,19 @@ def _normalize(value: Any, dropped: list[tuple[str, ...]], path: tuple[str, ...]
     if isinstance(value, str):
         return value.strip()
     if isinstance(value, Mapping):
+        for k in value:
+            if not isinstance(k, str):
+                # str(k) made {1: "a", "1": "b"} one field, fingerprinted on one of its values,
+                # and the request was refused only when executed (orjson takes string keys).
+                where = ".".join(path) or "the request"
+                raise ActionError(
+                    f"the action's request has a {type(k).__name__} key at {where}: "
+                    "JSON object keys are strings"
+                )
         return {
-            str(k): _normalize(v, dropped, (*path, str(k)))
+            k: _normalize(v, dropped, (*path, k))
             for k, v in value.items()
-            if (*path, str(k)) not in dropped
+            if (*path, k) not in dropped
         }
     if isinstance(value, list | tuple):
         return [_normalize(v, dropped, path) for v in value]

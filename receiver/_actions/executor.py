@@ -337,6 +337,11 @@ class Actions(Steps):
                 f"execute() takes the Action propose() made, not a {type(action).__name__}"
             )
         tool = self._tool(action.tool)
+        if turn is not None and not isinstance(turn, str):
+            # A list was an unhashable TypeError from the metrics; a number, a silent label.
+            raise ActionError(
+                f"turn names a conversation turn: a string, not a {type(turn).__name__}"
+            )
         if turn is not None and self.metrics is not None:
             self.metrics.turn(tool.name, turn, action.key)
         claim = self._claim(tool, action, request_body(action.request))

@@ -26,7 +26,7 @@ from .._ledger.cache import ReplayCache
 from .._ledger.receipts import Claim, Key, Receipt, State, StoredResponse
 from .._ledger.results import Encoder, NotStorable, RunAgain, dumps
 from .._ops.durations import Durations
-from .._ops.redact import describe
+from .._ops.redact import describe, message
 from .._ops.review import record_review
 from .._store.base import Store
 from .action import (
@@ -125,7 +125,7 @@ class Steps:
                 cause, failure = failure, ActionError(f"tool {tool.name!r} returned {failure}")
                 failure.__cause__ = cause
             elif isinstance(failure, ActionFailed):
-                body = orjson.dumps({"error": "action_failed", "detail": str(failure)})
+                body = orjson.dumps({"error": "action_failed", "detail": message(failure)})
                 failed = StoredResponse(422, _JSON, body)
                 await keyed.complete(self.store, None, key, fence, failed, State.FAILED)
                 raise failure

@@ -57,9 +57,18 @@ def describe(exc: BaseException) -> str:
     elif is_driver_error(exc):
         text = f"{name} (raised from a database error; its text is withheld)"
     else:
-        text = f"{name}: {exc}"
+        text = f"{name}: {message(exc)}"
     # NUL cannot be stored in PostgreSQL text; the description is for people anyway.
     return text.replace("\x00", "\\x00")[:_MAX]
+
+
+def message(exc: BaseException) -> str:
+    """``str(exc)``, or a placeholder when the exception's own ``__str__`` raises: describing a
+    failure must not fail in turn (the claim it is about would never be given back)."""
+    try:
+        return str(exc)
+    except Exception:
+        return "(its message could not be read)"
 
 
 def stack(exc: BaseException) -> str:

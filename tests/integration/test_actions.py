@@ -402,3 +402,51 @@ async def test_another_executor_replays_from_the_ledger(store: Store) -> None:
         await other.execute(refund(other, amount=1))
     assert shop.runs[refund(actions).key] == 1
     assert other_shop.runs[refund(actions).key] == 0
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("a message that cannot be read")
+
+
+class Unprintably(ActionFailed):
+    def __str__(self) -> str:
+        raise RuntimeError("a message that cannot be read")
+
+
+async def test_an_exception_whose_message_cannot_be_read_gives_the_key_back(
+    store: Store,
+) -> None:
+    actions = Actions(store, registry=CollectorRegistry(), wait=0.1)
+    runs = 0
+
+    @actions.tool("odd")
+    async def odd(call: ToolCall, tx: Connection) -> Any:
+        nonlocal runs
+        runs += 1
+        if runs == 1:
+            raise Unprintable()
+        return {"ran": runs}
+
+    action = actions.propose("odd", scope=TENANT, action_id="a-1", request={})
+    with pytest.raises(Unprintable):  # the tool's own exception, not the one from its __str__
+        await actions.execute(action)
+    state = await actions.inspect(action)
+    assert state is not None
+    assert state.state == "released"
+    assert state.attempts[0].error == "Unprintable: (its message could not be read)"
+    assert (await actions.execute(action)).value == {"ran": 2}  # not "in progress"
+
+
+async def test_action_failed_with_an_unreadable_message_is_stored_as_failed(store: Store) -> None:
+    actions = Actions(store, registry=CollectorRegistry(), wait=0.1)
+
+    @actions.tool("refusing")
+    async def refusing(call: ToolCall, tx: Connection) -> Any:
+        raise Unprintably()
+
+    action = actions.propose("refusing", scope=TENANT, action_id="a-1", request={})
+    with pytest.raises(Unprintably):
+        await actions.execute(action)
+    with pytest.raises(ActionFailed, match="could not be read"):
+        await actions.execute(action)

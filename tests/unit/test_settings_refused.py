@@ -131,6 +131,8 @@ PROPOSALS: list[tuple[str, dict[str, Any], str]] = [
     ("a version of 0", {"version": 0}, "version must be a whole number"),
     ("a version given as True", {"version": True}, "version must be a whole number"),
     ("a request nested too deeply", {"request": "deep"}, "nested too deeply"),
+    ("a request with a number key", {"request": {1: "a", "1": "b"}}, "has a int key at the"),
+    ("a nested tuple key", {"request": {"m": {(1, 2): 1}}}, "has a tuple key at m"),
 ]
 
 
@@ -157,6 +159,16 @@ async def test_execute_takes_an_action_not_its_name(tmp_path: Path) -> None:
     actions.add_tool("refund", tool)
     with pytest.raises(ReceiverError, match="takes the Action propose"):
         await actions.execute("refund")  # type: ignore[arg-type]
+    assert not (tmp_path / "ledger.db").exists()
+
+
+@pytest.mark.parametrize("turn", [["conv-7"], 3])
+async def test_a_turn_that_is_not_a_string_is_refused(tmp_path: Path, turn: Any) -> None:
+    actions = Actions(SQLiteStore(tmp_path / "ledger.db"))
+    actions.add_tool("refund", tool)
+    action = actions.propose("refund", scope="t", action_id="a-1", request={})
+    with pytest.raises(ActionError, match="turn names a conversation turn: a string"):
+        await actions.execute(action, turn=turn)
     assert not (tmp_path / "ledger.db").exists()
 
 
