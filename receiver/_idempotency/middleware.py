@@ -326,7 +326,8 @@ class IdempotencyKeyMiddleware:
                 try:
                     async with tx.deferred_transaction():
                         began = time.monotonic()
-                        await self.app({**scope, _SCOPE_KEY: context}, replayed_body, capture)
+                        keyed_scope = {**scope, _SCOPE_KEY: context, "extensions": _held(scope)}
+                        await self.app(keyed_scope, replayed_body, capture)
                         self.durations.observe(scope["path"], time.monotonic() - began)
                         if start is None:
                             raise _Unstored("the endpoint sent no response")
@@ -353,7 +354,9 @@ class IdempotencyKeyMiddleware:
             else:
                 self._remember(claim, stored, arrived + self.ttl)
         assert start is not None
-        await send(start)  # the first answer, exactly as the endpoint sent it
+        # The first answer, exactly as the endpoint sent it; without a promise of trailers that
+        # were not stored (a server would wait for them).
+        await send({k: v for k, v in start.items() if k != "trailers"})
         await send({"type": "http.response.body", "body": b"".join(chunks)})
         return None
 
@@ -395,6 +398,20 @@ def _fingerprint(scope: Scope, body: bytes, path: bytes | None = None) -> bytes:
         h.update(len(part).to_bytes(8, "big") + part)
     h.update(normalized_body)
     return h.digest()
+
+
+# Server extensions whose messages carry part of the answer outside http.response.body (a file
+# sent by its path or descriptor, trailers): an endpoint told of them answered with an empty
+# stored body, or promised trailers nobody sends. A keyed endpoint is not told of them.
+_UNSTORABLE = frozenset(
+    {"http.response.pathsend", "http.response.zerocopysend", "http.response.trailers"}
+)
+
+
+def _held(scope: Scope) -> dict[str, Any]:
+    """The scope's extensions less those whose answer could not be held and stored."""
+    extensions = scope.get("extensions") or {}
+    return {name: v for name, v in extensions.items() if name not in _UNSTORABLE}
 
 
 def _stored(start: Message, body: bytes) -> StoredResponse:

@@ -5,6 +5,7 @@ payload value, and two amounts a double cannot tell apart are two requests."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,7 +14,7 @@ import pytest
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message
 
@@ -71,6 +72,14 @@ async def rows(store: Store) -> list[tuple[str, str | None]]:
 
 async def call(asgi: Any, path: str, body: dict[str, Any], key: str) -> Message:
     """One request straight through the ASGI app; the start message of its answer."""
+    return (await exchange(asgi, path, body, key))[0]
+
+
+async def exchange(
+    asgi: Any, path: str, body: dict[str, Any], key: str, extensions: dict[str, Any] | None = None
+) -> list[Message]:
+    """One request straight through the ASGI app (from a server offering ``extensions``); every
+    message of its answer."""
     raw = orjson.dumps(body)
     scope = {
         "type": "http",
@@ -85,6 +94,7 @@ async def call(asgi: Any, path: str, body: dict[str, Any], key: str) -> Message:
         "headers": [(b"content-type", b"application/json"), (b"idempotency-key", key.encode())],
         "client": ("127.0.0.1", 1),
         "server": ("t", 80),
+        "extensions": extensions or {},
     }
     sent: list[Message] = []
     delivered = False
@@ -101,7 +111,7 @@ async def call(asgi: Any, path: str, body: dict[str, Any], key: str) -> Message:
         sent.append(message)
 
     await asyncio.wait_for(asgi(scope, receive, send), 10)
-    return sent[0]
+    return sent
 
 
 async def test_a_cancelled_request_gives_its_key_back_at_once(store: Store) -> None:
@@ -222,3 +232,29 @@ async def test_an_unreachable_store_is_answered_503_with_retry_after() -> None:
     assert int(answer.headers["retry-after"]) >= 1
     assert orjson.loads(answer.content)["type"] == "urn:receiver:idempotency:store-unavailable"
     assert endpoints.runs == 0
+
+
+# A server that sends files by path (Granian) and offers trailers: Starlette's FileResponse then
+# answers with http.response.pathsend, no body; an endpoint may promise trailers.
+SERVER_EXTENSIONS = {"http.response.pathsend": {}, "http.response.trailers": {}}
+
+
+async def test_a_file_answer_is_stored_and_replayed_whole(store: Store, tmp_path: Path) -> None:
+    (tmp_path / "receipt.txt").write_bytes(b"receipt 42")
+    told: list[set[str]] = []
+
+    async def receipt(request: Request) -> Response:
+        told.append(set(request.scope["extensions"]))
+        return FileResponse(tmp_path / "receipt.txt")
+
+    asgi = Starlette(
+        routes=[Route("/receipt", receipt, methods=["POST"])],
+        middleware=[Middleware(IdempotencyKeyMiddleware, store=store, principal=lambda s: "t")],
+    )
+    first = await exchange(asgi, "/receipt", {}, '"k-4"', SERVER_EXTENSIONS)
+    again = await exchange(asgi, "/receipt", {}, '"k-4"', SERVER_EXTENSIONS)
+    assert [m["type"] for m in first] == ["http.response.start", "http.response.body"]
+    assert "trailers" not in first[0]
+    assert first[1]["body"] == again[1]["body"] == b"receipt 42"
+    assert dict(again[0]["headers"])[b"idempotent-replayed"] == b"true"
+    assert told == [set()]  # nothing the stored answer could not hold
