@@ -51,6 +51,7 @@ from pydantic import ValidationError
 
 from receiver import (
     ActionConflict,
+    ActionError,
     ActionFailed,
     ActionInProgress,
     ActionNeedsReview,
@@ -267,9 +268,16 @@ def action_tool(
                 # Nothing numbered, nothing stored: the corrected call is the same slot.
                 return await _answer(ctx, _BadArguments(_describe(exc)))
             ordinal = turn.number(name, ctx.tool_call_id)
-            action = actions.propose(
-                name, scope=turn.scope, action_id=turn.action_id(ordinal), request=request
-            )
+            try:
+                action = actions.propose(
+                    name, scope=turn.scope, action_id=turn.action_id(ordinal), request=request
+                )
+            except ActionError as exc:
+                # Arguments that fit the schema but are no JSON the ledger keeps (an integer
+                # past 64 bits): the model's to correct, not the run's end. The turn's ids were
+                # checked when it started, so the request is what was refused.
+                turn.give_back(name, ordinal)
+                return await _answer(ctx, _BadArguments(str(exc)))
             try:
                 result = await actions.execute(action, turn=turn.label)
             except ActionNeedsReview as exc:

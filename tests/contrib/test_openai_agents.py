@@ -431,3 +431,20 @@ async def test_the_example_takes_each_effect_once(
     assert "call_a1 -> call_b7" in shown
     assert "tenant-42:refund_order:conv-7%2F1%2F1:v1" in shown
     assert 'effects: {"refunds": 2, "outbox": 1}' in shown
+
+
+async def test_an_integer_the_ledger_cannot_keep_is_a_message_and_stores_nothing(
+    store: Store,
+) -> None:
+    _, shop = await setup(store)
+    model = ScriptedModel(
+        [call("c1", "charge", card="4242", amount_cents=10**30)],
+        [call("c2", "charge", card="4242", amount_cents=500)],
+        [say("Charged.")],
+    )
+    await Runner.run(shop.agent(model), "charge", context=attempt(), run_config=QUIET)
+    message = model.tool_outputs(1)["c1"]
+    assert message.startswith("The tool's arguments are invalid; nothing was done.")
+    assert "64-bit" in message
+    # The corrected call is the turn's first charge.
+    assert await effects(store, "charge") == ["tenant-42:charge:conv-7%2F1%2F1:v1"]
