@@ -280,12 +280,18 @@ class ActionTools(Generic[DepsT]):
         where = self._where(ctx)
         turn = str(where.turn)
         ordinal = _ordinal(ctx, name, where.scope, turn, schema)
-        action = self.actions.propose(
-            name,
-            scope=where.scope,
-            action_id=f"{turn}.{ordinal}",
-            request=to_jsonable_python(arguments),
-        )
+        try:
+            action = self.actions.propose(
+                name,
+                scope=where.scope,
+                action_id=f"{turn}.{ordinal}",
+                request=to_jsonable_python(arguments),
+            )
+        except ActionError as exc:
+            # Arguments that fit the schema but are no JSON the ledger keeps (an integer past
+            # 64 bits): the model's to correct, not the run's end. Nothing was claimed, and the
+            # corrected call takes this ordinal (the turn's ids were checked by _where).
+            raise ModelRetry(f"The tool's arguments are invalid; nothing was done. {exc}") from exc
         record: dict[str, Any] = {
             "scope": where.scope,
             "turn": turn,

@@ -352,6 +352,27 @@ async def test_calls_rejected_before_running_take_no_ordinal(store: Store) -> No
     assert [n for _, n in await effects(store)] == ["A-1", "B-2"]
 
 
+async def test_arguments_the_ledger_cannot_keep_are_a_retry_prompt(store: Store) -> None:
+    """An integer past 64 bits fits the schema (an int) but no stored request: the model gets
+    a retry prompt, nothing is claimed, and its corrected call takes the same ordinal."""
+    s = await shop(store)
+
+    def huge_then_fixed(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        step = responses(messages)
+        if step < 2:
+            cents = 2**70 if step == 0 else 100
+            return ModelResponse(parts=[ToolCallPart("refund", {"order": "A-1", "cents": cents})])
+        return ModelResponse(parts=[TextPart("Refunded.")])
+
+    result = await s.agent(huge_then_fixed).run(PROMPT, deps=TURN)
+    rejected, done = returns(result.all_messages())
+    assert rejected.retry is not None
+    assert "nothing was done" in str(rejected.content)
+    assert done.metadata[METADATA_KEY]["ordinal"] == 1
+    assert s.bodies == ["A-1"]
+    assert [n for _, n in await effects(store)] == ["A-1"]
+
+
 async def test_the_sweeper_runs_a_stale_transactional_call_from_its_stored_request(
     store: Store,
 ) -> None:
