@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -14,6 +15,8 @@ from .._exceptions import StoreMisconfigured, StoreReadOnly, StoreUnavailable
 from . import hosts, settings
 from .base import Connection, Row, Store
 from .queries import queries
+
+logger = logging.getLogger("receiver.store")
 
 # SQLSTATE classes that mean "the database is not there right now", not "your query is wrong":
 # 08 connection exception, 53 insufficient resources, 57P operator intervention (shutdown,
@@ -209,7 +212,10 @@ class PostgresStore(Store):
     """Receipts in PostgreSQL.
 
     Give it a DSN to own a pool (opened by the Receiver's lifespan), or ``pool=`` to share the
-    application's existing asyncpg pool (the store then neither opens nor closes it).
+    application's existing asyncpg pool (the store then neither opens nor closes it). The pool
+    holds at most ``max_size`` connections; ``min_size`` of them are opened in the background
+    when the store opens (none by default: each is made on first use). Opening never waits for
+    the database, so a receiver starts while it is down and answers 503 until it returns.
 
     Behind a connection pooler in transaction mode (PgBouncer's ``pool_mode = transaction``,
     Supabase's and Heroku's poolers, Supavisor, RDS Proxy), say so: ``pooler="transaction"``
@@ -228,7 +234,7 @@ class PostgresStore(Store):
         dsn: str | None = None,
         *,
         pool: asyncpg.Pool | None = None,
-        min_size: int = 1,
+        min_size: int = 0,
         max_size: int = 10,
         acquire_timeout: float = 5.0,
         connect_timeout: float = 5.0,
@@ -285,6 +291,7 @@ class PostgresStore(Store):
         self._acquire_timeout = acquire_timeout
         self._connect_timeout = connect_timeout
         self._opening = asyncio.Lock()
+        self._warming: asyncio.Task[None] | None = None
         self._aside: asyncpg.Connection | None = None
         self._aside_lock = asyncio.Lock()
 
@@ -321,6 +328,26 @@ class PostgresStore(Store):
                 timeout=self._connect_timeout,
                 **self._connect_options(),
             )
+            if self._min_size:
+                self._warming = asyncio.get_running_loop().create_task(self._warm(self._pool))
+
+    async def _warm(self, pool: asyncpg.Pool) -> None:
+        """Open ``min_size`` connections in the background, so that the first deliveries do not
+        each wait for a connection to be made; a database that is down now is not an error
+        (connections are made on demand when it returns)."""
+        held: list[asyncpg.Connection] = []
+        try:
+            for _ in range(self._min_size):
+                held.append(await pool.acquire(timeout=self._connect_timeout))
+        except Exception as exc:  # down, refused, timed out: only slower first deliveries
+            logger.info(
+                "PostgreSQL pool warm-up stopped after %d connections (%s)",
+                len(held),
+                type(exc).__name__,
+            )
+        finally:
+            for conn in held:
+                await pool.release(conn)
 
     def _connect_options(self) -> dict[str, Any]:
         """Behind a transaction-mode pooler, two transactions of one client connection may run
@@ -329,6 +356,11 @@ class PostgresStore(Store):
         return {"statement_cache_size": 0} if self.pooler == "transaction" else {}
 
     async def close(self) -> None:
+        if self._warming is not None:
+            warming, self._warming = self._warming, None
+            warming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await warming
         if self._aside is not None:
             aside, self._aside = self._aside, None
             with contextlib.suppress(Exception):
