@@ -72,7 +72,8 @@ def action_input(request: Request, view: pages.View) -> tuple[dict[str, str], Ke
 
 def rerun(console: Console) -> Handler:
     async def handler(request: Request, view: pages.View) -> Response | tuple[str, Html]:
-        if request.method == "GET":
+        # HEAD is a GET without the body (Starlette routes it with GET): only a POST acts.
+        if request.method != "POST":
             if view.read_only or console.receiver is None:
                 raise actions.ActionRefused("re-runs need a console with handlers, not read-only")
             found, _, _ = await console.lookup(request)

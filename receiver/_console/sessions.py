@@ -229,7 +229,7 @@ class SignIn:
             return HTMLResponse(esc(f"The ledger is unavailable: {exc}"), 503)
 
     async def _login(self, request: Request) -> Response:
-        if request.method == "GET":
+        if request.method != "POST":  # GET, or HEAD (a GET without the body)
             response: Response = self.page(request, "", 200)
             auth.set_cookies(request, response)
             return response

@@ -96,6 +96,21 @@ async def test_a_copy_of_the_cookie_is_dead_after_sign_out(shop: Shop, console: 
     assert await audit_rows(shop.rx.store) == []
 
 
+async def test_head_is_answered_as_get_and_changes_nothing(shop: Shop, console: Console) -> None:
+    """Starlette routes HEAD with GET: the pages that also take a POST must not read it as
+    one (a HEAD of the re-run page was a 500, of the sign-in page a refused sign-in)."""
+    await shop.send("msg_1")
+    async with client_of(console) as client:
+        assert (await client.head("/login")).status_code == 200
+        await sign_in(client, TOKEN, "Ada")
+        for path in ("/rerun?provider=shop&id=msg_1", "/bulk", "/receipt?provider=shop&id=msg_1"):
+            head, get = await client.head(path), await client.get(path)
+            assert head.status_code == get.status_code == 200, (path, head.status_code)
+            assert head.content == b""
+    assert shop.runs["msg_1"] == 1
+    assert await audit_rows(shop.rx.store) == []
+
+
 async def test_an_expired_session_is_dead(shop: Shop, console: Console) -> None:
     async with client_of(console) as client:
         await sign_in(client, TOKEN, "Ada")
