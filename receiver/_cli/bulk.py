@@ -52,8 +52,11 @@ def wants_bulk(args: argparse.Namespace) -> bool:
 def bulk_command(args: argparse.Namespace, actor: str, reason: str) -> int:
     if args.target or args.all_failed:
         raise ReceiverError("--filter and --job replay in bulk: give no PROVIDER WEBHOOK_ID")
-    if args.job is not None and (args.filter or args.yes):
-        raise ReceiverError("--job goes on with a confirmed job: give no --filter or --yes")
+    if args.job is not None and (args.filter or args.yes or args.dry_run):
+        # A dry run changes nothing; going on with a job runs its deliveries.
+        raise ReceiverError(
+            "--job goes on with a confirmed job: give no --filter, --yes or --dry-run"
+        )
     if args.job is None and not args.filter:
         raise ReceiverError("a bulk replay needs --filter KEY=VALUE (or --job ID)")
     given: dict[str, str] = {}

@@ -122,8 +122,8 @@ def _kind(provider: str, webhook_id: str) -> str:
 
 
 def replay_command(args: argparse.Namespace) -> int:
+    actor = _actor(args.actor)
     if wants_bulk(args):
-        actor = " ".join(text_argument("--actor", args.actor or default_actor()).split())[:100]
         return bulk_command(args, actor, text_argument("--reason", args.reason))
     if args.all_failed == bool(args.target) or len(args.target) not in (0, 2):
         raise ReceiverError(
@@ -132,7 +132,6 @@ def replay_command(args: argparse.Namespace) -> int:
     for index, value in enumerate(args.target):
         text_argument("provider" if index == 0 else "webhook id", value)
     text_argument("--provider", args.provider)
-    actor = " ".join(text_argument("--actor", args.actor or default_actor()).split())[:100]
     reason = actions.reason_of(text_argument("--reason", args.reason))
     rx = config_receiver(args) if args.config else load_receiver(args.app)
 
@@ -175,6 +174,13 @@ def replay_command(args: argparse.Namespace) -> int:
             return 1 if failed else 0
 
     return asyncio.run(run())
+
+
+def _actor(given: str) -> str:
+    """Who the audit records: --actor with its whitespace collapsed, else (empty, or only
+    spaces) the OS user."""
+    actor = " ".join(text_argument("--actor", given).split())[:100]
+    return actor or default_actor()
 
 
 def default_actor(command: str = "receiver replay") -> str:

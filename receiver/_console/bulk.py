@@ -84,8 +84,8 @@ class Filter:
         unknown = set(given) - {"provider", "state", "type", "since", "until", "error"}
         if unknown:
             raise ReceiverError(
-                f"unknown filter {', '.join(sorted(unknown))}: use provider, state, type, since, "
-                "until, error"
+                f"unknown filter {', '.join(repr(k) for k in sorted(unknown))}: use provider, "
+                "state, type, since, until, error"
             )
         state = given.get("state", "").strip()
         if state not in STATES:

@@ -304,7 +304,8 @@ def test_the_cli_twin(tmp_path: Path) -> None:
     wrong = replay("--yes", "11", "--reason", "inventory is back")
     assert wrong.returncode == 2
     assert "matches 12 deliveries now, not 11" in wrong.stderr
-    done = replay("--yes", "12", "--rate", "500", "--reason", "inventory is back")
+    # Spaces name nobody: the audit records the OS user, as without --actor.
+    done = replay("--yes", "12", "--rate", "500", "--reason", "inventory is back", "--actor", " ")
     assert done.returncode == 0, done.stderr
     assert "bulk replay 1 done: 12 executed" in done.stdout
     ran, audit = asyncio.run(check())
@@ -312,6 +313,7 @@ def test_the_cli_twin(tmp_path: Path) -> None:
     (row,) = audit
     assert (row["action"], row["outcome"], row["detail"]) == ("bulk replay", "done", "12 executed")
     assert "inventory is back" in row["reason"]
+    assert row["actor"].endswith("(receiver replay)"), row["actor"]
 
 
 def test_a_job_confirmed_without_handlers_waits_for_them(tmp_path: Path) -> None:
@@ -348,15 +350,22 @@ def test_a_job_confirmed_without_handlers_waits_for_them(tmp_path: Path) -> None
     assert "no handlers" in notice
     assert (job["state"], job["done"], job["total"]) == ("running", 0, 5)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIVER_")}
-    ran = subprocess.run(
-        [RECEIVER, "replay", "--app", "tests.console.bulkapp:rx", "--job", "1"],
-        env={**env, "RECEIVER_BULK_STORE": url},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=Path(__file__).resolve().parents[2],
-    )
+
+    def job(*more: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [RECEIVER, "replay", "--app", "tests.console.bulkapp:rx", "--job", "1", *more],
+            env={**env, "RECEIVER_BULK_STORE": url},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+
+    dry = job("--dry-run")  # runs nothing: a job is never "dry"
+    assert dry.returncode == 2, dry.stdout
+    assert "give no --filter, --yes or --dry-run" in dry.stderr
+    ran = job()
     assert ran.returncode == 0, ran.stderr
     assert "bulk replay 1 done: 5 executed" in ran.stdout
 
