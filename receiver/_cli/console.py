@@ -69,6 +69,8 @@ def read_operators(path: str) -> list[dict[str, str]]:
         doc = tomllib.loads(Path(path).read_text("utf-8"))
     except OSError as exc:
         raise ReceiverError(f"cannot read --console-operators {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ReceiverError(f"--console-operators {path} is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise ReceiverError(f"--console-operators {path} is not valid TOML: {exc}") from None
     entries = doc.get("operator")
@@ -79,6 +81,11 @@ def read_operators(path: str) -> list[dict[str, str]]:
         )
     found = []
     for entry in entries:
+        if not isinstance(entry, dict):  # operator = [1, 2]: an array, not tables
+            raise ReceiverError(
+                f"--console-operators {path} must hold [[operator]] tables only (name, role, "
+                "token_sha256)"
+            )
         unknown = set(entry) - {"name", "role", "token", "token_sha256"}
         if unknown or not all(isinstance(v, str) for v in entry.values()):
             raise ReceiverError(
@@ -95,6 +102,8 @@ def read_token(token_file: str | None) -> str:
             token = Path(token_file).read_text("utf-8").strip()
         except OSError as exc:
             raise ReceiverError(f"cannot read --token-file {token_file}: {exc.strerror}") from None
+        except UnicodeDecodeError:  # the message would show the token's bytes: never shown
+            raise ReceiverError(f"--token-file {token_file} is not UTF-8 text") from None
     else:
         token = os.environ.get(TOKEN_ENV, "").strip()
     if not token:
@@ -133,7 +142,10 @@ def build_console(args: argparse.Namespace) -> Console:
         return Console(rx.store, receiver=rx, **options)
     if not args.store:
         raise ReceiverError("say which ledger: --store URL (or --app / --config)")
-    return Console(args.store, **options)
+    console = Console(args.store, **options)  # its token checked first
+    # A SQLite path with a typo is reported, not served as a new, empty ledger.
+    existing_store(args.store)
+    return console
 
 
 def console_command(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from typing import Any
 
 from .._exceptions import ReceiverError
 from . import scaffold
+from .loading import text_argument
 
 
 def add_init_parser(sub: Any) -> None:
@@ -61,7 +62,9 @@ def project_files(name: str, *, tool: bool, queued: bool = False) -> dict[str, s
 
 
 def init_command(args: argparse.Namespace) -> int:
-    target = Path(args.directory)
+    # The name is written into the project's files (UTF-8) and printed: bytes the shell handed
+    # over that are not UTF-8 cannot be.
+    target = Path(text_argument("directory", args.directory, "the project's files name it"))
     try:
         name = target.resolve().name or "app"
         files = project_files(name, tool=args.tool, queued=args.queued)

@@ -38,10 +38,12 @@ def check_store_applies(args: argparse.Namespace) -> None:
         )
 
 
-def load_app(spec: str) -> Any:
+def load_app(spec: str, option: str = "--app") -> Any:
+    """The object ``spec`` (module:attribute) names; ``option`` is the option that gave it, as
+    errors name it."""
     module_name, _, attr = spec.partition(":")
     if not attr or not all(part.isidentifier() for part in module_name.split(".")):
-        raise ReceiverError(f"--app must be module:attribute (e.g. myapp:rx), not {spec!r}")
+        raise ReceiverError(f"{option} must be module:attribute (e.g. myapp:rx), not {spec!r}")
     sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
@@ -57,7 +59,7 @@ def load_app(spec: str) -> Any:
                 "the repository, not in the package: scripts/serve runs it from a clone"
             ) from None
         raise ReceiverError(
-            f"--app {spec}: no module named {exc.name!r} (from {os.getcwd()} and the "
+            f"{option} {spec}: no module named {exc.name!r} (from {os.getcwd()} and the "
             "installed packages); check the name, or run from the directory that holds it"
         ) from None
     try:
@@ -92,6 +94,16 @@ def build_receiver(spec: str, store: str | None) -> Receiver:
             ) from None
         app = factory(store=store)
     else:
+        try:
+            inspect.signature(factory).bind()
+        except TypeError:
+            # Said before the call: a TypeError the factory raises itself is its own bug.
+            raise ReceiverError(
+                f"--factory: {spec} needs arguments; the command calls it as {spec}() (or "
+                f"{spec}(store=URL) with --store)"
+            ) from None
+        except ValueError:  # no signature to check (some builtins): the call will tell
+            pass
         app = factory()
     if not isinstance(app, Receiver):
         raise ReceiverError(f"--factory: {spec}() returned a {type(app).__name__}, not a Receiver")
@@ -125,16 +137,14 @@ def when(seconds: float | None) -> str:
     return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat(timespec="seconds")
 
 
-def text_argument(name: str, value: str) -> str:
+def text_argument(name: str, value: str, why: str = "no receipt can have it") -> str:
     """A command-line value that is stored as text: it must be valid UTF-8 (the shell may
-    hand over any bytes, which Python keeps as surrogate escapes)."""
+    hand over any bytes, which Python keeps as surrogate escapes); ``why`` ends the error."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
         shown = value.encode("utf-8", "surrogateescape").decode("ascii", "backslashreplace")
-        raise ReceiverError(
-            f"{name} '{shown}' is not valid UTF-8 text; no receipt can have it"
-        ) from None
+        raise ReceiverError(f"{name} '{shown}' is not valid UTF-8 text; {why}") from None
     return value
 
 
@@ -158,10 +168,13 @@ DEFAULT_APP = "handlers:app"
 T = TypeVar("T")
 
 
-def read(store: Store, run: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run a read of the ledger; the database's own refusal (no such database or role, no
-    tables yet) is one line, not a driver traceback. Only the error's class and first line are
-    shown: these reads carry no payload values."""
+def read(
+    store: Store, run: Callable[[], Coroutine[Any, Any, T]], doing: str = "read the receipts in"
+) -> T:
+    """Run a command's work on the ledger; the database's own refusal (no such database or
+    role, no tables yet, a file that is not a SQLite database) is one line, not a driver
+    traceback. Only the error's class and first line are shown: these statements carry no
+    payload values. ``doing`` says what could not be done (``cannot {doing} URL``)."""
     try:
         return asyncio.run(run())
     except (asyncpg.PostgresError, sqlite3.Error) as exc:
@@ -170,7 +183,7 @@ def read(store: Store, run: Callable[[], Coroutine[Any, Any, T]]) -> T:
         if "receiver_receipts" in first or isinstance(exc, asyncpg.UndefinedTableError):
             hint = f"; create the tables first: receiver migrate --store {store.url}"
         raise ReceiverError(
-            f"cannot read the receipts in {store.url}: {type(exc).__name__}: {first}{hint}"
+            f"cannot {doing} {store.url}: {type(exc).__name__}: {first}{hint}"
         ) from exc
     except StoreMisconfigured as exc:
         # Already classified at the store's boundary, with the fix; name the store to fix.

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from .._exceptions import ReceiverError
 from .._logging import logging_config
 from .._ops.sweeper import AUDIT_RETENTION, DEAD_LETTER_RETENTION, KeySweeper, SweepReport
-from .._store.url import store_from_url
+from .._store.base import Store
 from .._verification.verifier import generate_secret
 from .._webhooks.app import DEFAULT_STORE, Receiver
 from .._webhooks.schedules import parse_duration
@@ -25,8 +25,10 @@ from .loading import (
     build_receiver,
     check_store_applies,
     config_receiver,
+    existing_store,
     load_app,
     load_receiver,
+    read,
 )
 
 
@@ -102,9 +104,9 @@ def _run_uvicorn(args: argparse.Namespace, app: str, factory: bool) -> None:
     )
 
 
-async def _sweep_store(url: str, batch: int, retention: float, audit: float) -> SweepReport:
+async def _sweep_store(store: Store, batch: int, retention: float, audit: float) -> SweepReport:
     """One pass of the sweeper an app without a Receiver has (receiver/_ops/sweeper.py)."""
-    async with store_from_url(url) as store:
+    async with store:
         sweeper = KeySweeper(store, {}, None, retention=retention, audit_retention=audit)
         return await sweeper.run_once(batch=batch)
 
@@ -140,7 +142,9 @@ def sweep_command(args: argparse.Namespace) -> int:
                 "--store sweeps a store without an app, --app sweeps with the app's handlers: "
                 "give one of them (the app's own store is the one it is built with)"
             )
-        report = asyncio.run(_sweep_store(args.store, args.batch, retention, audit))
+        # A SQLite path with a typo is reported, not created empty and swept.
+        store = existing_store(args.store)
+        report = read(store, lambda: _sweep_store(store, args.batch, retention, audit), "sweep")
     else:
         rx = config_receiver(args) if args.config else load_receiver(args.app)
 
@@ -148,7 +152,7 @@ def sweep_command(args: argparse.Namespace) -> int:
             async with rx:
                 return await rx.sweep(batch=args.batch)
 
-        report = asyncio.run(run())
+        report = read(rx.store, run, "sweep")
     print(
         f"recovered {report.recovered}, failed {report.failed}, released {report.released}, "
         f"skipped {report.skipped}, deleted {report.deleted} expired and "

@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging.config
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,8 @@ from . import values
 from .loading import load_app
 
 _OPTIONS = "RECEIVER_PROXY_OPTIONS"
+#: RFC 9110: a header's name is a token (no space, nothing outside ASCII).
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 def add_proxy_parser(sub: Any, add: Callable[..., None]) -> None:
@@ -112,14 +115,20 @@ def _app_from_environment() -> IdempotencyProxy:
     o = json.loads(os.environ[_OPTIONS])
     logging.config.dictConfig(logging_config(o["log_format"], o["log_level"]))
     principal: Callable[[Any], str] = authorization_principal
-    if o["principal_header"]:
-        wanted = o["principal_header"].lower().encode("latin-1")
+    header = o["principal_header"]
+    if header:
+        if not _HEADER_NAME.fullmatch(header):
+            # Any other name never arrives in a request: every caller would be "anonymous".
+            raise ReceiverError(
+                f"--principal-header must be a header name (a token), not {header!a}"
+            )
+        wanted = header.lower().encode("ascii")
 
         def principal(scope: Any) -> str:
             found = next((v for k, v in scope["headers"] if k.lower() == wanted), b"")
             return "h:" + hashlib.sha256(found).hexdigest()[:32] if found else "anonymous"
 
-    reconcile = load_app(o["reconcile"]) if o["reconcile"] else None
+    reconcile = load_app(o["reconcile"], "--reconcile") if o["reconcile"] else None
     try:
         statuses = [int(s) for s in _split(o["retry_statuses"])]
     except ValueError:

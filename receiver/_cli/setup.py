@@ -4,7 +4,6 @@ schedules), ``receiver migrate`` and ``receiver send`` (a signed test delivery).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import time
 import uuid
@@ -20,7 +19,7 @@ from .._store.url import store_from_url
 from .._verification.verifier import sign
 from .._webhooks.app import DEFAULT_STORE
 from .._webhooks.schedules import PRESETS, dedup_window, describe
-from .loading import check_config_alone, existing_store, load_receiver
+from .loading import check_config_alone, existing_store, load_receiver, read, text_argument
 
 
 def ttl_command(args: argparse.Namespace) -> int:
@@ -71,7 +70,8 @@ def migrate(args: argparse.Namespace) -> int:
             print(f"schema ready in {store.url}")
             return 0
 
-    return asyncio.run(run())
+    # A file that is not a SQLite database, a role without rights: one line, not a traceback.
+    return read(store, run, "check" if args.check else "migrate")
 
 
 def send(args: argparse.Namespace) -> int:
@@ -101,7 +101,8 @@ def send(args: argparse.Namespace) -> int:
             print(f"receiver send: --data is not JSON: {exc}", file=sys.stderr)
             return 2
     timestamp = args.timestamp if args.timestamp is not None else int(time.time())
-    body = orjson.dumps({"type": args.type, "data": data})
+    event_type = text_argument("--type", args.type, "a JSON body is UTF-8")
+    body = orjson.dumps({"type": event_type, "data": data})
     try:
         signature = sign(args.secret, webhook_id, timestamp, body)
     except ConfigurationError:

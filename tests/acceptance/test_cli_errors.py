@@ -304,3 +304,44 @@ def test_an_upstream_the_proxy_cannot_use_is_a_one_line_error_at_start(
     store = f"sqlite:///{tmp_path / 'proxy.db'}"
     line = one_line_error(receiver("proxy", *options, "--store", store, "--port", "0"))
     assert says in line
+
+
+def test_a_file_that_is_not_a_database_is_a_one_line_error(tmp_path: Path) -> None:
+    (tmp_path / "notes.db").write_text("not a database\n")
+    store = f"sqlite:///{tmp_path / 'notes.db'}"
+    for args, says in (
+        (["migrate"], "cannot migrate"),
+        (["migrate", "--check"], "cannot check"),
+        (["sweep"], "cannot sweep"),
+    ):
+        line = one_line_error(receiver(*args, "--store", store, cwd=tmp_path))
+        assert says in line, line
+        assert "file is not a database" in line, line
+    assert (tmp_path / "notes.db").read_text() == "not a database\n"
+
+
+def test_a_store_sweep_never_creates_the_file_it_was_given(tmp_path: Path) -> None:
+    line = one_line_error(receiver("sweep", "--store", "sqlite:///typo.db", cwd=tmp_path))
+    assert "no SQLite database at typo.db" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["send", "--secret", SECRET, "--type", b"order.\xff"], "--type 'order.\\xff' is not"),
+        (["init", b"shop_\xff"], "directory 'shop_\\xff' is not valid UTF-8"),
+        (["worker", "--factory", "--app", "json:dumps"], "json:dumps needs arguments"),
+        (["proxy", "--upstream", "http://a.test", "--principal-header", "x y"], "a token"),
+        (["proxy", "--upstream", "http://a.test", "--principal-header", "cl\u20ac"], "a token"),
+        (["proxy", "--upstream", "http://a.test", "--reconcile", "nope:f"], "--reconcile nope:f"),
+    ],
+)
+def test_arguments_no_command_can_use_are_one_line_errors(
+    tmp_path: Path, args: list[str | bytes], says: str
+) -> None:
+    store = f"sqlite:///{tmp_path / 'r.db'}"
+    options = ["--store", store, "--port", "0"] if args[0] == "proxy" else []
+    line = one_line_error(receiver(*args, *options, cwd=tmp_path))
+    assert says in line, line
+    assert list(tmp_path.iterdir()) == []

@@ -43,12 +43,14 @@ def test_it_serves_the_console_behind_the_token(tmp_path: Path) -> None:
     token_file.write_text(TOKEN + "\n")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIVER_")}
+    store = f"sqlite:///{tmp_path / 'ledger.db'}"
+    assert run("migrate", "--store", store, env=env).returncode == 0
     process = subprocess.Popen(
         [
             *RECEIVER,
             "console",
             "--store",
-            f"sqlite:///{tmp_path / 'ledger.db'}",
+            store,
             "--token-file",
             str(token_file),
             "--port",
@@ -92,3 +94,27 @@ def test_it_serves_the_console_behind_the_token(tmp_path: Path) -> None:
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+def test_files_it_cannot_use_are_one_line_errors(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIVER_")}
+    store = f"sqlite:///{tmp_path / 'ledger.db'}"
+    (tmp_path / "token").write_bytes(b"\xff" + TOKEN.encode())
+    (tmp_path / "latin1.toml").write_bytes(b'[[operator]]\nname = "Jos\xe9"\n')
+    (tmp_path / "array.toml").write_text("operator = [1, 2]\n")
+    for args, says in (
+        (["--token-file", str(tmp_path / "token")], "is not UTF-8 text"),
+        (["--console-operators", str(tmp_path / "latin1.toml")], "is not UTF-8 text"),
+        (["--console-operators", str(tmp_path / "array.toml")], "[[operator]] tables only"),
+    ):
+        done = run("console", "--store", store, *args, env=env)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert says in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+        assert TOKEN not in done.stderr
+    # A path with a typo is reported, not served as a new, empty ledger.
+    typo = run("console", "--store", store, env={**env, "RECEIVER_CONSOLE_TOKEN": TOKEN})
+    assert typo.returncode == 2
+    assert "no SQLite database at" in typo.stderr
+    assert not (tmp_path / "ledger.db").exists()
