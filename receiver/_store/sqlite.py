@@ -19,7 +19,7 @@ from typing import Any
 
 import aiosqlite
 
-from .._exceptions import ConfigurationError, StoreUnavailable
+from .._exceptions import ConfigurationError, StoreMisconfigured, StoreUnavailable
 from . import settings
 from .base import Connection, Row, Store
 from .group_commit import GroupCommit, translated
@@ -261,15 +261,27 @@ class SQLiteStore(Store):
                 # public way to set it (its _thread, like _execute and _conn below).
                 pending._thread.daemon = True
                 conn = await pending
-                conn.row_factory = sqlite3.Row
-                await conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
-                await _set_wal(conn, self._busy_timeout)
-                # FULL: a receipt acknowledged with a 2xx must survive power loss, not only a
-                # crash of this process.
-                await conn.execute("PRAGMA synchronous = FULL")
-                if self.auto_migrate:
-                    await apply_if_missing(SQLiteConnection(conn))
+                try:
+                    await self._prepare(conn)
+                except BaseException as exc:
+                    await conn.close()
+                    if isinstance(exc, sqlite3.DatabaseError) and "not a database" in str(exc):
+                        # Not a blip: another file is at the ledger's path. Said, not retried.
+                        raise StoreMisconfigured(
+                            f"SQLite: {self._path} is not a SQLite database (a mistyped path?)"
+                        ) from None
+                    raise
             self._conn = conn
+
+    async def _prepare(self, conn: aiosqlite.Connection) -> None:
+        conn.row_factory = sqlite3.Row
+        await conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+        await _set_wal(conn, self._busy_timeout)
+        # FULL: a receipt acknowledged with a 2xx must survive power loss, not only a crash of
+        # this process.
+        await conn.execute("PRAGMA synchronous = FULL")
+        if self.auto_migrate:
+            await apply_if_missing(SQLiteConnection(conn))
 
     async def close(self) -> None:
         if self._flusher is not None:

@@ -11,8 +11,9 @@ import textwrap
 from pathlib import Path
 
 import httpx
+import pytest
 
-from receiver import Connection, Event, Provider, Receiver
+from receiver import Connection, Event, Provider, Receiver, SQLiteStore, StoreMisconfigured
 from tests.servers import ROOT
 from tests.support import PROVIDER, SECRET, body_of, signed
 
@@ -67,6 +68,24 @@ async def test_a_store_that_cannot_open_is_a_503_until_it_can(tmp_path: Path) ->
     finally:
         await rx.close()
     assert order == ["hook", "handler"]
+
+
+async def test_a_file_that_is_not_a_database_is_a_misconfigured_store(tmp_path: Path) -> None:
+    """Another file at the ledger's path: 503 saying so (a driver error before), the file kept
+    as it was."""
+    path = tmp_path / "notes.db"
+    path.write_text("meeting notes, not a ledger\n")
+    rx = receiver_at(f"sqlite:///{path}", [])
+    body = body_of(id="o1")
+    try:
+        refused = await rx.deliver(PROVIDER, signed("m1", body), body)
+    finally:
+        await rx.close()
+    assert refused.status_code == 503
+    assert b"the receipt store is misconfigured" in refused.body, refused.body
+    assert path.read_text() == "meeting notes, not a ledger\n"
+    with pytest.raises(StoreMisconfigured, match=r"notes\.db is not a SQLite database"):
+        await SQLiteStore(path).open()
 
 
 def test_a_program_that_never_closes_its_receiver_exits(tmp_path: Path) -> None:
