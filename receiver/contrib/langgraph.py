@@ -59,6 +59,7 @@ from langgraph.runtime import Runtime, get_runtime
 from langgraph.types import RetryPolicy
 
 from receiver import (
+    Action,
     ActionConflict,
     ActionError,
     ActionFailed,
@@ -176,7 +177,8 @@ class GraphActions:
     def tool_node(self, tools: Iterable[str], *, messages_key: str = "messages") -> ToolNodeFunc:
         """A node that runs the tool calls of the last AI message through the executor, like
         LangGraph's ``ToolNode``: a :class:`ToolMessage` per call, in the calls' order. A call
-        of a tool not in ``tools`` gets an error message and runs nothing. The n-th call of a
+        of a tool not in ``tools``, or with arguments the ledger cannot keep, gets an error
+        message and runs nothing. The n-th call of a
         tool in the message is that tool's action n of this step."""
         allowed = tuple(tools)
         if not allowed or not all(isinstance(name, str) for name in allowed):
@@ -191,23 +193,16 @@ class GraphActions:
             message = _last_ai_message(state, messages_key)
             task = self._task()
             calls = message.tool_calls
-            # Every action is proposed (and a bad request refused) before any of them runs.
+            # Every action is proposed (and a bad request answered) before any of them runs.
             proposed = [
-                self.actions.propose(
-                    call["name"],
-                    scope=task.scope,
-                    action_id=task.next_id(call["name"]),
-                    request=call["args"],
-                )
-                if call["name"] in allowed
-                else None
+                self._propose(task, call["name"], call["args"]) if call["name"] in allowed else None
                 for call in calls
             ]
             turn = f"{task.scope}/{task.stem}"
             # Every call finishes before anything is raised: an external tool cut off mid-call
             # would be left for reconcile instead of completing.
             done = await asyncio.gather(
-                *(self.actions.execute(a, turn=turn) for a in proposed if a is not None),
+                *(self.actions.execute(a, turn=turn) for a in proposed if isinstance(a, Action)),
                 return_exceptions=True,
             )
             outcomes = iter(done)
@@ -218,6 +213,9 @@ class GraphActions:
                 if action is None:
                     error = f"{name!r} is not a tool here; use one of {sorted(allowed)}"
                     replies.append(_error_reply(call_id, name, "unknown_tool", error))
+                    continue
+                if isinstance(action, str):
+                    replies.append(_error_reply(call_id, name, "invalid_arguments", action))
                     continue
                 outcome = next(outcomes)
                 if isinstance(outcome, ActionResult):
@@ -239,6 +237,19 @@ class GraphActions:
             return {messages_key: replies}
 
         return tools_node
+
+    def _propose(self, task: _Task, name: str, request: Any) -> Action | str:
+        """The call's action, or why its arguments cannot be kept (an integer past 64 bits):
+        the model's to correct, as a failed tool call is, with nothing claimed. What the model
+        cannot correct (the thread's key parts) still stops the graph."""
+        action_id = task.next_id(name)
+        try:
+            return self.actions.propose(
+                name, scope=task.scope, action_id=action_id, request=request
+            )
+        except ActionError as exc:
+            self.actions.propose(name, scope=task.scope, action_id=action_id, request={})
+            return f"the arguments are invalid; nothing was done: {exc}"
 
     # -- the key -------------------------------------------------------------------------------
 

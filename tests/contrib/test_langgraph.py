@@ -331,6 +331,27 @@ async def test_a_final_failure_and_an_unknown_tool_are_messages_to_the_model(
     assert len(await effects(store)) == 1
 
 
+async def test_arguments_the_ledger_cannot_keep_are_a_message_to_the_model(
+    store: Store, saver: AsyncSqliteSaver
+) -> None:
+    """NaN (which a model's JSON can spell: json.loads reads it): an error message the model can
+    correct, nothing claimed, and the other calls of the message still run (it stopped the
+    graph). An integer past 64 bits never gets here: the checkpointer cannot save it."""
+    actions = await executor(store)
+    Calls(actions)
+    calls: ToolCalls = lambda: [  # noqa: E731
+        ("refund", {"order": "A-1", "amount": float("nan")}),
+        ("refund", {"order": "A-2", "amount": 3}),
+    ]
+    done = await chat_graph(GraphActions(actions), calls, saver).ainvoke(ask(), thread())
+    invalid, refunded = replies(done)
+    assert invalid.status == "error"
+    assert json.loads(str(invalid.content))["error"] == "invalid_arguments"
+    assert "at amount" in json.loads(str(invalid.content))["detail"]  # where, for the model
+    assert refunded.status == "success"
+    assert len(await effects(store)) == 1
+
+
 async def test_needs_review_stops_the_graph_every_time(
     store: Store, saver: AsyncSqliteSaver
 ) -> None:
