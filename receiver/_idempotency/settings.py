@@ -43,7 +43,9 @@ def patterns_of(
             f"{name}= takes a list of path patterns, each '/exact', '/prefix/*' or '*', "
             f"not {given!r}"
         )
-        found.append(names(given, refused, lambda p: p == "*" or p.startswith("/")))
+        found.append(
+            names(given, refused, lambda p: p == "*" or (p.startswith("/") and p.isprintable()))
+        )
     kept, needed = found[0], found[1] or ()
     outside = [r for r in needed if kept is not None and not matches(kept, r)]
     if outside:

@@ -194,6 +194,10 @@ def test_a_generator_of_methods_is_read_once_and_empty_methods_are_refused(tmp_p
         ({"sweep_interval": math.nan}, "sweep_interval is a finite number"),
         ({"namespace": "a\x00b"}, "namespace must be 1-64 printable"),
         ({"required": ["payments"]}, "required= takes a list of path patterns"),
+        # A non-UTF-8 command-line argument (surrogate-escaped) or a control character: a
+        # pattern no request path can match, so nothing would be keyed there.
+        ({"paths": ["/pay\udcff"]}, "paths= takes a list of path patterns"),
+        ({"paths": ["/pay\n"]}, "paths= takes a list of path patterns"),
         ({"ttl": math.inf}, "ttl is a finite number"),
         ({"retry_statuses": (s for s in [503, 200])}, "retry_statuses holds"),
     ],
