@@ -12,7 +12,7 @@ the internet; its one script (``live.js``) only updates the live overview, and e
 without it.
 
 It imports the shared layers only (the store, the ledger, operations, verification) and the
-Receiver structurally (``app.ReceiverLike``), so the entry points may mount it without a cycle.
+Receiver structurally (``actions.ReceiverLike``), so the entry points may mount it without a cycle.
 """
 
 from __future__ import annotations

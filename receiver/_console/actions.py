@@ -22,7 +22,7 @@ one audit row with its outcome.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -32,6 +32,7 @@ from .._exceptions import ReceiverError
 from .._ledger import keyed
 from .._ledger import receipts as ledger
 from .._ledger.receipts import Key, Receipt, State, StoredResponse
+from .._ops.metrics import Metrics
 from .._store.base import Connection, Store
 from .._verification.payload import parse
 
@@ -72,6 +73,29 @@ class ReplyLike(Protocol):
 
 
 Replayer = Callable[[str, str], Awaitable[ReplyLike]]
+
+
+class WindowLike(Protocol):
+    @property
+    def window(self) -> float: ...
+
+
+class ProviderLike(Protocol):
+    @property
+    def window(self) -> WindowLike: ...
+
+
+class ReceiverLike(Protocol):
+    """What the console uses of a :class:`~receiver.Receiver` (named structurally, so that the
+    console does not import the entry point that mounts it)."""
+
+    @property
+    def store(self) -> Store: ...
+    @property
+    def providers(self) -> Mapping[str, ProviderLike]: ...
+    @property
+    def metrics(self) -> Metrics | None: ...
+    async def replay(self, provider: str, webhook_id: str) -> ReplyLike: ...
 
 
 #: The outcomes of a replay that did what the operator asked: the handlers ran (or had

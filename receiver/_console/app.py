@@ -13,7 +13,7 @@ import time
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 from prometheus_client import CollectorRegistry
@@ -26,7 +26,6 @@ from starlette.types import Receive, Scope, Send
 from .._exceptions import ReceiverError, SchemaOutdated, StoreUnavailable
 from .._ledger import receipts as ledger
 from .._ledger.receipts import Key
-from .._ops.metrics import Metrics
 from .._store.base import Store
 from .._store.migrations import missing
 from .._store.url import store_from_url
@@ -52,29 +51,6 @@ _SINCE = {"1h": 3600, "24h": 86400, "7d": 7 * 86400}
 Actor = Callable[[Request], str | None]
 
 
-class WindowLike(Protocol):
-    @property
-    def window(self) -> float: ...
-
-
-class ProviderLike(Protocol):
-    @property
-    def window(self) -> WindowLike: ...
-
-
-class ReceiverLike(Protocol):
-    """What the console uses of a :class:`~receiver.Receiver` (named structurally, so that the
-    console does not import the entry point that mounts it)."""
-
-    @property
-    def store(self) -> Store: ...
-    @property
-    def providers(self) -> Mapping[str, ProviderLike]: ...
-    @property
-    def metrics(self) -> Metrics | None: ...
-    async def replay(self, provider: str, webhook_id: str) -> actions.ReplyLike: ...
-
-
 class Console:
     """The operator console, an ASGI app.
 
@@ -95,7 +71,7 @@ class Console:
         self,
         store: Store | str | None = None,
         *,
-        receiver: ReceiverLike | None = None,
+        receiver: actions.ReceiverLike | None = None,
         token: str | None = None,
         operators: Sequence[Mapping[str, str]] = (),
         read_only: bool = False,
@@ -165,11 +141,27 @@ class Console:
                 Route("/logout", self._logout, methods=post),
                 Route("/console.css", self._css, methods=get),
             ],
-            lifespan=self.lifespan,
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._serve_lifespan(receive, send)
+            return
         await self._app(scope, receive, send)
+
+    async def _serve_lifespan(self, receive: Receive, send: Send) -> None:
+        """:meth:`lifespan` served: a store down or not migrated fails the start-up with its
+        one-line reason (Starlette's would be a traceback)."""
+        await receive()  # lifespan.startup
+        context = self.lifespan()
+        try:
+            await context.__aenter__()
+        except (StoreUnavailable, SchemaOutdated) as exc:
+            return await send({"type": "lifespan.startup.failed", "message": f"console: {exc}"})
+        await send({"type": "lifespan.startup.complete"})
+        await receive()  # lifespan.shutdown
+        await context.__aexit__(None, None, None)
+        await send({"type": "lifespan.shutdown.complete"})
 
     @asynccontextmanager
     async def lifespan(self, app: object = None) -> AsyncIterator[None]:

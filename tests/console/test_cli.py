@@ -11,6 +11,9 @@ from pathlib import Path
 
 import httpx
 
+from tests import pgcluster
+from tests.conftest import TEST_DATABASE
+
 from .conftest import free_port
 from .shop import TOKEN
 
@@ -118,3 +121,25 @@ def test_files_it_cannot_use_are_one_line_errors(tmp_path: Path) -> None:
     assert typo.returncode == 2
     assert "no SQLite database at" in typo.stderr
     assert not (tmp_path / "ledger.db").exists()
+
+
+async def test_a_ledger_it_cannot_serve_is_a_one_line_start_up_failure(
+    tmp_path: Path, pg_admin_url: str
+) -> None:
+    """Not migrated, or not reachable: the console exits saying so in one line (it was a
+    traceback from the lifespan)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIVER_")}
+    env["RECEIVER_CONSOLE_TOKEN"] = TOKEN
+    url = await pgcluster.recreate_database(pg_admin_url, f"{TEST_DATABASE}_console_bare")
+    try:
+        for store, says in (
+            (url, "console: the console needs the ledger's migration(s) 0001_initial"),
+            ("postgresql://postgres@127.0.0.1:1/nowhere", "console: PostgreSQL unavailable"),
+        ):
+            done = run("console", "--store", store, "--port", "0", env=env)
+            assert done.returncode == 3, done.stderr
+            assert says in done.stderr, done.stderr
+            assert "Traceback" not in done.stderr, done.stderr
+            assert TOKEN not in done.stderr
+    finally:
+        await pgcluster.drop_database(pg_admin_url, f"{TEST_DATABASE}_console_bare")
