@@ -171,12 +171,12 @@ _FIELD_VALUE = re.compile(
 )
 
 
-def header_name(name: str) -> bytes:
-    """A header name the proxy sets (``key_header``), lowercased; ConfigurationError if it is
-    not a token."""
+def header_name(name: str, option: str = "key_header") -> bytes:
+    """A header name the proxy sets or reads (``option`` names the setting), lowercased;
+    ConfigurationError if it is not a token."""
     encoded = name.lower().encode("latin-1", "replace") if isinstance(name, str) else b""
     if not _FIELD_NAME.fullmatch(encoded):
-        raise ConfigurationError(f"key_header must be a header name (a token), not {name!r}")
+        raise ConfigurationError(f"{option} must be a header name (a token), not {name!r}")
     return encoded
 
 
