@@ -14,12 +14,11 @@ MINUTE = 60.0
 HOUR = 3600.0
 DAY = 86400.0
 
-# Same idea for margins, floors and TTLs, with a looser bound: two years of dedup retention is odd
-# but conceivable; a day written in milliseconds (86_400_000 s, about 2.7 years) is not.
-_MAX_SECONDS = MAX_SECONDS
+# Margins, floors and TTLs are bounded by MAX_SECONDS (receiver/_values.py): two years of dedup
+# retention is odd but conceivable; a day written in milliseconds (about 2.7 years) is not.
 
 
-def as_seconds(value: object, what: str, *, limit: float = _MAX_SECONDS) -> float:
+def as_seconds(value: object, what: str, *, limit: float = MAX_SECONDS) -> float:
     """Return ``value`` as a finite, non-negative float of seconds, or raise ConfigurationError."""
     # bool is an int; True as "1 second" is always a mistake in a config file.
     if isinstance(value, bool) or not isinstance(value, int | float):

@@ -239,9 +239,10 @@ class GraphActions:
         return tools_node
 
     def _propose(self, task: _Task, name: str, request: Any) -> Action | str:
-        """The call's action, or why its arguments cannot be kept (an integer past 64 bits):
-        the model's to correct, as a failed tool call is, with nothing claimed. What the model
-        cannot correct (the thread's key parts) still stops the graph."""
+        """The call's action, or why its arguments cannot be kept (NaN or an infinity, which
+        ``json.loads`` reads from a model's output): the model's to correct, as a failed tool
+        call is, with nothing claimed. What the model cannot correct (the thread's key parts)
+        still stops the graph: the second ``propose`` raises it."""
         action_id = task.next_id(name)
         try:
             return self.actions.propose(
