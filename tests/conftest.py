@@ -12,6 +12,7 @@ import asyncpg
 import pytest
 
 from receiver import PostgresStore, SQLiteStore, Store
+from receiver._store import partitions
 from receiver.testing import register_profiles
 from tests import pgcluster
 from tests.pgbouncer import PgBouncer
@@ -36,8 +37,9 @@ def pg_admin_url() -> Iterator[str]:
         cluster.destroy()
 
 
-async def prepared_database(admin_url: str, database: str) -> str:
-    """A new, migrated database with the tests' effects table: its URL."""
+async def prepared_database(admin_url: str, database: str, layout: str = "single") -> str:
+    """A new, migrated database with the tests' effects table, its receipts table in
+    ``layout``: its URL."""
     url = await pgcluster.recreate_database(admin_url, database)
     # The tests never crash this server (the crash, outage and failover tests kill servers of
     # their own), so a commit need not wait for its WAL flush: the throwaway cluster runs with
@@ -52,6 +54,7 @@ async def prepared_database(admin_url: str, database: str) -> str:
         await store.migrate()
         async with store.acquire() as conn:
             await conn.execute(EFFECTS_DDL)
+            await partitions.convert(conn, layout)
     return url
 
 
@@ -91,15 +94,55 @@ async def sqlite_store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
         yield store
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test marked ``single_layout`` is not a case of the partitioned layout (its reason
+    says why): its ``partitioned`` parameter is deselected, not skipped."""
+    kept, dropped = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        marker = item.get_closest_marker("single_layout")
+        if marker is not None and not marker.args:
+            raise pytest.UsageError(f"{item.nodeid}: single_layout needs its reason")
+        on_partitions = callspec is not None and callspec.params.get("store") == "partitioned"
+        (dropped if on_partitions and marker is not None else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+# The partitioned layout's own database (receiver migrate --layout partitioned).
+PARTITIONED_DATABASE = f"receiver_test_partitioned_{os.getpid()}"
+
+
+@pytest.fixture(scope="session")
+def pg_partitioned_url(pg_admin_url: str) -> Iterator[str]:
+    yield asyncio.run(prepared_database(pg_admin_url, PARTITIONED_DATABASE, "partitioned"))
+    asyncio.run(pgcluster.drop_database(pg_admin_url, PARTITIONED_DATABASE))
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "partitioned"])
 async def store(
-    request: pytest.FixtureRequest, pg_url: str, tmp_path: Path
+    request: pytest.FixtureRequest, pg_url: str, pg_partitioned_url: str, tmp_path: Path
 ) -> AsyncIterator[Store]:
-    """The conformance suite runs every test on both stores."""
-    if request.param == "postgresql":
-        await truncate(pg_url)
-    async with make_store(request.param, pg_url, tmp_path) as opened:
+    """The conformance suite runs every test on both stores, and on PostgreSQL's two layouts
+    of the receipts table (partitioned: receiver/_store/partitions.py)."""
+    kind = request.param
+    url = ""
+    if kind != "sqlite":
+        url = pg_url if kind == "postgresql" else pg_partitioned_url
+        await truncate(url)
+    async with make_store(kind, url, tmp_path) as opened:
         yield opened
+
+
+@pytest.fixture
+def store_url(
+    request: pytest.FixtureRequest, store: Store, pg_url: str, pg_partitioned_url: str
+) -> str:
+    """The URL of what ``store`` opened (with its password, where ``store.url`` hides it): for
+    a second store or a process of its own on the same ledger."""
+    kind = request.node.callspec.params["store"]
+    return {"sqlite": store.url, "postgresql": pg_url, "partitioned": pg_partitioned_url}[kind]
 
 
 # The pooler tests' own database: a pooler keeps server sessions open to the databases it

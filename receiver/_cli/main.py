@@ -80,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="change nothing; exit 1 listing the missing migrations if the store is behind",
     )
+    migrate.add_argument(
+        "--layout",
+        choices=("single", "partitioned"),
+        default=None,
+        help="PostgreSQL: also bring receiver_receipts to this layout (partitioned: expiry "
+        "drops a day of receipts at once; single: one table, the default)",
+    )
 
     sweep = sub.add_parser("sweep", help="one sweeper pass: recover stale claims, delete expired")
     _add(

@@ -14,6 +14,7 @@ import orjson
 
 from .._config.loader import load_config
 from .._exceptions import ConfigurationError
+from .._store import partitions
 from .._store.sqlite import SQLiteStore
 from .._store.url import store_from_url
 from .._verification.verifier import sign
@@ -63,10 +64,25 @@ def migrate(args: argparse.Namespace) -> int:
                         file=sys.stderr,
                     )
                     return 1
+                if args.layout is not None:
+                    async with store.acquire() as conn:
+                        found = await partitions.layout(conn)
+                    if found != args.layout:
+                        print(
+                            f"receiver: receiver_receipts in {store.url} has the {found} layout, "
+                            f"not {args.layout} (run `receiver migrate --layout {args.layout}`)",
+                            file=sys.stderr,
+                        )
+                        return 1
                 print(f"schema up to date in {store.url}")
                 return 0
             for name in await store.migrate():
                 print(f"applied {name}")
+            if args.layout is not None:
+                async with store.acquire() as conn:
+                    changed = await partitions.convert(conn, args.layout)
+                state = "now has" if changed else "already had"
+                print(f"receiver_receipts {state} the {args.layout} layout")
             print(f"schema ready in {store.url}")
             return 0
 

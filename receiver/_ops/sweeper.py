@@ -30,6 +30,7 @@ from .._exceptions import ConfigurationError, StoreMisconfigured, StoreUnavailab
 from .._ledger import keyed
 from .._ledger.receipts import Key, Receipt
 from .._logging import get_logger
+from .._store import partitions
 from .._store.base import Row, Store
 from .redact import describe, is_driver_error, stack
 
@@ -146,7 +147,13 @@ async def _delete_expired(
 ) -> int:
     """Delete expired receipts, one batch per statement, until a batch comes back short (the
     backlog is done) or the deadline passes. Each batch commits on its own, so row locks are
-    held for one batch only and deliveries never wait long behind the sweeper."""
+    held for one batch only and deliveries never wait long behind the sweeper. A PostgreSQL
+    ledger with the partitioned layout drops whole partitions instead (receiver/_store/
+    partitions.py)."""
+    if store.dialect == "postgresql":
+        async with store.acquire() as conn:
+            if await partitions.layout(conn) == "partitioned":
+                return await partitions.expire(store, now, retention, deadline)
     deleted = await _delete_batches(store, "delete_expired", now, retention, batch, deadline)
     # Attempts whose receipt is gone: SQLite's batches leave them; PostgreSQL's take them along,
     # and there the anti-join would read the whole receipts table on every pass.

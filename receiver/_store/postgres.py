@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -69,6 +70,10 @@ _READ_ONLY = "25006"  # read_only_sql_transaction: a standby, or a primary demot
 # level) and deadlock_detected. For the ledger's own statements that is a blip: 503 with
 # Retry-After, and the sender's retry runs the delivery again.
 _RETRY_SQLSTATES = ("40001", "40P01")
+# check_violation of the constraint that closes a partition the sweep is dropping (the
+# partitioned layout, receiver/_store/partitions.py): the receipt is expired and its key is
+# about to be free, so the sender's retry is a new delivery.
+_CLOSED_PARTITION = re.compile(r"receiver_receipts_p\d+_closed")
 
 
 def classify(exc: BaseException) -> StoreUnavailable | None:
@@ -88,6 +93,13 @@ def classify(exc: BaseException) -> StoreUnavailable | None:
         if state in _RETRY_SQLSTATES:
             return StoreUnavailable(
                 f"PostgreSQL asked for the transaction to be retried ({name}, SQLSTATE {state})"
+            )
+        if state == "23514" and _CLOSED_PARTITION.fullmatch(
+            str(getattr(exc, "constraint_name", "") or "")
+        ):
+            return StoreUnavailable(
+                "PostgreSQL: the receipt is in a partition the sweep is dropping; a retry "
+                f"finds its key free ({name}, SQLSTATE {state})"
             )
     if is_unavailable(exc):
         return StoreUnavailable(f"PostgreSQL unavailable: {type(exc).__name__}")

@@ -34,7 +34,6 @@ from receiver import (
     Actions,
     ConfigurationError,
     Connection,
-    PostgresStore,
     Store,
     ToolCall,
 )
@@ -144,9 +143,9 @@ def replies(state: dict[str, Any]) -> list[ToolMessage]:
 
 
 async def test_killed_after_the_effect_the_resumed_graph_gets_the_stored_result(
-    store: Store, pg_url: str, tmp_path: Path
+    store: Store, store_url: str, tmp_path: Path
 ) -> None:
-    url = pg_url if isinstance(store, PostgresStore) else store.url
+    url = store_url
     checkpoints, signalled = tmp_path / "checkpoints.db", tmp_path / "refunded"
     command = [sys.executable, "-m", "tests.contrib.langgraph_worker", "--store", url]
     command += ["--checkpoints", str(checkpoints), "--thread", "conv-9"]
@@ -181,9 +180,9 @@ async def test_killed_after_the_effect_the_resumed_graph_gets_the_stored_result(
 
 
 async def test_the_example_resends_a_turn_after_its_worker_died(
-    store: Store, pg_url: str, tmp_path: Path
+    store: Store, store_url: str, tmp_path: Path
 ) -> None:
-    url = pg_url if isinstance(store, PostgresStore) else store.url
+    url = store_url
     said: list[str] = []
     result = await demo(url, tmp_path / "checkpoints.db", said.append)
     first, again = result["first"], result["again"]

@@ -72,10 +72,6 @@ async def until(check: Callable[[], Awaitable[bool]], seconds: float = 10.0) -> 
         await asyncio.sleep(0.02)
 
 
-def url_of(store: Store, pg_url: str) -> str:
-    return store.url if isinstance(store, SQLiteStore) else pg_url
-
-
 def refund_key(scope: str, action_id: str) -> str:
     return action_key(scope, "refund", action_id)
 
@@ -280,10 +276,10 @@ async def stdio_session(url: str, hold: float) -> AsyncIterator[ClientSession]:
 
 
 async def test_stdio_dropped_connection_then_retry_from_a_new_process(
-    store: Store, pg_url: str
+    store: Store, store_url: str
 ) -> None:
     await app.prepare(store)
-    url = url_of(store, pg_url)
+    url = store_url
     async with stdio_session(url, hold=3.0) as refused:
         missing = await refused.call_tool(
             "refund", {"order": "A-1", "cents": 500}, meta={ACTION_ID: "  "}
@@ -314,9 +310,9 @@ async def test_stdio_dropped_connection_then_retry_from_a_new_process(
     assert replayed(again)
 
 
-async def test_stdio_two_clients_of_one_principal_at_once(store: Store, pg_url: str) -> None:
+async def test_stdio_two_clients_of_one_principal_at_once(store: Store, store_url: str) -> None:
     await app.prepare(store)
-    url = url_of(store, pg_url)
+    url = store_url
     async with stdio_session(url, hold=0.3) as one, stdio_session(url, hold=0.3) as two:
         results = await at_once(refund_call(one, "twin"), refund_call(two, "twin", "reworded"))
         tickets = await at_once(
@@ -335,14 +331,14 @@ async def test_stdio_two_clients_of_one_principal_at_once(store: Store, pg_url: 
 # -- the worked example, as its users run it -------------------------------------------------
 
 
-async def test_example_server_and_client(store: Store, pg_url: str) -> None:
+async def test_example_server_and_client(store: Store, store_url: str) -> None:
     """As its users run it, on each store."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "examples.agents.mcp_server",
         "--store",
-        url_of(store, pg_url),
+        store_url,
         cwd=ROOT,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 import httpx
+import pytest
 
 from receiver import Store
 from receiver._ledger import receipts as ledger
@@ -16,7 +17,7 @@ from receiver._ops.sweeper import DEAD_LETTER_RETENTION
 from receiver._verification.payload import parse
 from receiver._webhooks.sweeper import sweep
 from tests.integration.test_sweeper import LEASE, build, dead_claim
-from tests.support import PROVIDER, Clock, body_of, effects, signed
+from tests.support import PROVIDER, ROW_EXPIRY, Clock, body_of, effects, signed
 
 
 async def states(store: Store) -> dict[str, str]:
@@ -68,6 +69,7 @@ async def test_an_in_flight_receipt_past_its_window_is_kept_while_its_lease_live
     assert runs == ["order msg_long 2"]
 
 
+@pytest.mark.single_layout(ROW_EXPIRY)
 async def test_dead_letters_outlive_their_window_by_the_retention(store: Store) -> None:
     clock = Clock()
     rx, _ = build(store, clock)

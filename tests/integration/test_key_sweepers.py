@@ -20,7 +20,7 @@ from starlette.routing import Route
 from receiver import Actions, IdempotencyKeyMiddleware, SQLiteStore, Store, ToolCall
 from receiver._cli.main import main
 from receiver._store.base import Connection
-from tests.support import Clock, SimulatedCrash, ledger_clock
+from tests.support import ROW_EXPIRY, Clock, SimulatedCrash, ledger_clock
 
 DAY = 86_400.0
 
@@ -42,6 +42,7 @@ async def eventually(check: Any, seconds: float = 5.0) -> None:
         await asyncio.sleep(0.02)
 
 
+@pytest.mark.single_layout(ROW_EXPIRY)
 async def test_an_executor_on_a_bare_store_sweeps_in_the_background(store: Store) -> None:
     clock = Clock()
     ledger_clock(store, clock)
@@ -88,6 +89,7 @@ class Endpoint:
         return JSONResponse({"ok": True}, 201)
 
 
+@pytest.mark.single_layout(ROW_EXPIRY)
 async def test_the_middleware_sweeps_in_its_apps_lifespan(store: Store) -> None:
     clock = Clock()
     ledger_clock(store, clock)

@@ -81,11 +81,11 @@ def client_of(rx: Receiver) -> httpx.AsyncClient:
 
 
 @pytest.fixture
-async def two_stores(store: Store, pg_url: str, tmp_path: object) -> tuple[Store, Store]:
+async def two_stores(store: Store, store_url: str, tmp_path: object) -> tuple[Store, Store]:
     """A second, independent store object on the same database: another replica."""
     other: Store
     if isinstance(store, PostgresStore):
-        other = PostgresStore(pg_url, max_size=5)
+        other = PostgresStore(store_url, max_size=5)
     else:
         assert isinstance(store, SQLiteStore)
         other = SQLiteStore(store.path)

@@ -17,7 +17,7 @@ from receiver._ledger import receipts as ledger
 from receiver._ledger.receipts import Claim, Claimed, Key, StoredResponse
 from receiver._ops import sweeper
 from receiver._store.queries import queries
-from tests.support import Clock, ledger_clock
+from tests.support import ROW_EXPIRY, Clock, ledger_clock
 
 DAY = 86_400.0
 T0 = 1_900_000_000.0
@@ -54,6 +54,7 @@ async def receipt_ids(store: Store) -> list[str]:
     return [r["webhook_id"] for r in rows]
 
 
+@pytest.mark.single_layout(ROW_EXPIRY)
 async def test_the_receivers_retentions_and_their_defaults(store: Store) -> None:
     ledger_clock(store, Clock(T0))
     async with store.acquire() as conn:
@@ -96,6 +97,7 @@ async def test_old_audit_records_go_in_bounded_batches_oldest_first(store: Store
     assert await audit_ages(store) == ["w1", "w10"]
 
 
+@pytest.mark.single_layout(ROW_EXPIRY)
 async def test_an_executor_on_a_bare_store_keeps_its_own_retentions(store: Store) -> None:
     ledger_clock(store, Clock(T0))
     async with store.acquire() as conn:
@@ -170,6 +172,7 @@ async def completed_at(store: Store, webhook_id: str, days_past_window: float) -
         await ledger.complete(conn, key, got.fence, StoredResponse(200, None, b"{}"), start)
 
 
+@pytest.mark.single_layout(ROW_EXPIRY)
 async def test_a_batch_takes_completed_receipts_then_dead_letters_within_its_size(
     store: Store,
 ) -> None:

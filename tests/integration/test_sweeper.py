@@ -12,7 +12,16 @@ from receiver import RUN_AGAIN, Connection, Event, PostgresStore, Provider, Rece
 from receiver._ledger import receipts as ledger
 from receiver._ledger.receipts import Claim, Key
 from receiver._verification.payload import parse
-from tests.support import EFFECTS_DDL, PROVIDER, SECRET, Clock, body_of, effects, ledger_clock
+from tests.support import (
+    EFFECTS_DDL,
+    PROVIDER,
+    ROW_EXPIRY,
+    SECRET,
+    Clock,
+    body_of,
+    effects,
+    ledger_clock,
+)
 
 LEASE = 60.0
 
@@ -148,6 +157,7 @@ async def test_unknown_provider_receipt_is_failed(store: Store) -> None:
     assert found.state == "failed"
 
 
+@pytest.mark.single_layout(ROW_EXPIRY)
 async def test_expired_receipts_are_deleted_in_batches(store: Store) -> None:
     clock = Clock()
     rx, _ = build(store, clock)

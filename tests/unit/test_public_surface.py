@@ -139,6 +139,7 @@ CLI = {
         "--check",
         "--config",
         "--help",
+        "--layout",
         "--store",
         "-h",
     ],

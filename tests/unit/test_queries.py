@@ -33,7 +33,10 @@ def test_the_claim_is_one_insert_on_conflict_do_nothing() -> None:
         claim = " ".join(queries(dialect)["claim"].split())
         assert claim.count("INSERT INTO receiver_receipts") == 1
         assert claim.count(";") == 0  # one statement
-        assert "ON CONFLICT (provider, webhook_id) DO NOTHING RETURNING" in claim
+        # PostgreSQL names no arbiter: the single table's is its primary key, the partitioned
+        # layout's the key table (receiver/_store/partitions.py), which no inference names.
+        target = "" if dialect == "postgresql" else "(provider, webhook_id) "
+        assert f"ON CONFLICT {target}DO NOTHING RETURNING" in claim
         assert "UPDATE" not in claim
 
 

@@ -3,7 +3,9 @@
 docs/explanation/scale-out.md says which engines the ledger can move to (Citus with the key as
 the distribution column; YugabyteDB and CockroachDB, which speak PostgreSQL's protocol) and what
 each needs from the SQL. This module reads every PostgreSQL SQL file of the package
-(receiver/_store/sql/**, plus schema.sql) and holds it to those rules:
+(receiver/_store/sql/**, plus schema.sql) and holds it to those rules, but the partitioned
+layout's (sql/layouts/): that layout is for one PostgreSQL (a trigger, functions, partition
+DDL), and a sharded ledger keeps the single table:
 
 1. Every primary key, unique constraint and unique index of a table sharded by the key
    contains the distribution column (``webhook_id``): a shard can only enforce uniqueness on

@@ -11,7 +11,10 @@
 -- after this statement's snapshot was taken; the caller looks the key up again.
 -- Time is the database's ($5 NULL) unless the store was given a clock: leases and expiry are
 -- never judged by each replica's own clock. $6 and $7 are the lease and the window in seconds;
--- "now" comes back so that the caller decides with the same clock.
+-- "now" comes back so that the caller decides with the same clock. ON CONFLICT names no
+-- arbiter, so that the statement runs on both layouts: the single table's primary key is its
+-- only unique index; the partitioned layout's arbiter is its key table, whose trigger skips
+-- the row (receiver/_store/sql/layouts/partitioned.postgresql.sql).
 WITH t AS (SELECT COALESCE(to_timestamp($5::float8), statement_timestamp()) AS now),
 claimed AS (
     INSERT INTO receiver_receipts
@@ -21,7 +24,7 @@ claimed AS (
            t.now, t.now + $6::float8 * interval '1 second',
            t.now + $7::float8 * interval '1 second', $8
     FROM t
-    ON CONFLICT (provider, webhook_id) DO NOTHING
+    ON CONFLICT DO NOTHING
     RETURNING fence, claimed_at
 )
 SELECT true AS claimed, c.fence, extract(epoch FROM c.claimed_at)::float8 AS now,
@@ -350,7 +353,7 @@ ins AS (
         AS d(provider, webhook_id, payload_hash, event_type, request_body)
     -- Key order: two batches waiting on each other's keys would otherwise deadlock.
     ORDER BY d.provider, d.webhook_id
-    ON CONFLICT (provider, webhook_id) DO NOTHING
+    ON CONFLICT DO NOTHING
     RETURNING provider, webhook_id, payload_hash, claimed_at
 ),
 notified AS (
@@ -546,7 +549,7 @@ claimed AS (
     JOIN input i ON i.n = f.n
     CROSS JOIN t
     ORDER BY i.provider, i.webhook_id
-    ON CONFLICT (provider, webhook_id) DO NOTHING
+    ON CONFLICT DO NOTHING
     RETURNING provider, webhook_id, fence
 )
 SELECT i.n,

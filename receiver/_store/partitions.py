@@ -1,0 +1,253 @@
+"""The partitioned layout of a PostgreSQL ledger: expiry drops a partition of receipts at once
+instead of deleting them one by one.
+
+``receiver migrate --layout partitioned`` turns ``receiver_receipts`` into a table partitioned
+by a bucket number, with a narrow key table as the arbiter (sql/layouts/partitioned.postgresql.sql
+says how the key stays unique); ``--layout single`` turns it back. Every ledger statement runs
+unchanged on either layout; only expiry differs. On the partitioned layout the sweep
+(:func:`expire`) opens a new partition when the current one has been current for a day, and
+drops an older partition once none of its completed receipts is still within its window, in
+three steps, each a transaction of its own:
+
+1. move the receipts expiry keeps (in flight, queued, dead letters within their retention) to
+   the current partition; their keys follow them;
+2. close the partition: a CHECK constraint, not validated, that every row of it stays expired,
+   so that a redelivery claiming one of its receipts again fails (and is retried once the key
+   is free) instead of reviving a row about to be dropped; adding it waits until every
+   transaction that could have changed a row has ended;
+3. move what was revived between 1 and 2, delete the partition's keys and attempts, drop it.
+
+Steps 2 and 3 take locks that the ledger's statements wait behind, for as long as the step
+waits for the transactions in progress: at most ``LOCK_TIMEOUT``, after which the step gives up
+and a later pass tries again. Several replicas may sweep at once: each step holds a transaction
+advisory lock and re-reads what the last one left.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import logging
+import math
+import re
+import time
+from collections.abc import Mapping, Sequence
+
+import asyncpg
+
+from .._exceptions import ConfigurationError
+from . import migrations
+from .base import Connection, Row, Store
+from .queries import parse
+
+logger = logging.getLogger("receiver.sweeper")
+
+#: Seconds a partition stays the current one before the sweep opens the next.
+SPAN = 24 * 3600.0
+
+#: How long a step that locks the ledger (closing or dropping a partition) waits for the
+#: transactions in progress before it gives up until the next pass.
+LOCK_TIMEOUT = "1s"
+
+LAYOUTS = ("single", "partitioned")
+
+# The advisory lock of the sweep's partition steps (the migration runner's is 7241901).
+_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+@functools.cache
+def _sql() -> Mapping[str, str]:
+    text = (
+        importlib.resources.files("receiver._store")
+        .joinpath("sql", "layouts", "partitioned.postgresql.sql")
+        .read_text("utf-8")
+    )
+    return parse(text)
+
+
+def _fill(name: str, **values: int | float) -> str:
+    """A DDL block with its numbers in (DDL takes no parameters): only ints and finite floats,
+    written by repr, so nothing else can reach the text."""
+    for value in values.values():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError(f"{name}: {value!r} is not a number")
+        if not math.isfinite(value):
+            raise ValueError(f"{name}: {value!r} is not finite")
+    return _sql()[name].format(**{k: repr(v) for k, v in values.items()})
+
+
+async def layout(conn: Connection) -> str | None:
+    """``"single"`` or ``"partitioned"``; None where the ledger's tables are not there.
+    SQLite has the single table only."""
+    if conn.dialect == "sqlite":
+        return "single"
+    row = await conn.fetchrow(_sql()["layout"])
+    if row is None:
+        return None
+    return "partitioned" if row["partitioned"] else "single"
+
+
+async def convert(conn: Connection, target: str) -> bool:
+    """Bring the ledger to the ``target`` layout; False if it is already there. The schema's
+    migrations must all be applied first. One transaction: the receipts table is locked while
+    it runs (on a large ledger, minutes: the keys are copied, or every receipt is)."""
+    if target not in LAYOUTS:
+        raise ConfigurationError(f"the layout is one of {', '.join(LAYOUTS)}, not {target!r}")
+    if conn.dialect != "postgresql":
+        raise ConfigurationError("only a PostgreSQL ledger has layouts; SQLite has one table")
+    async with conn.transaction():
+        await conn.fetchval(_sql()["migration_lock"])
+        missing = (await migrations.status(conn)).missing
+        if missing:
+            raise ConfigurationError(
+                f"apply the migrations first ({', '.join(m.label for m in missing)} missing): "
+                "receiver migrate"
+            )
+        current = await layout(conn)
+        if current == target:
+            return False
+        indexes = await conn.fetch(_sql()["receipts_indexes"])
+        if not all(_IDENTIFIER.fullmatch(index["name"]) for index in indexes):
+            raise ConfigurationError("receiver_receipts has an index receiver cannot name")
+        if target == "partitioned":
+            await _partition(conn, indexes)
+        else:
+            await _unpartition(conn, indexes)
+    logger.info("the receipts table now has the %s layout", target)
+    return True
+
+
+async def _partition(conn: Connection, indexes: Sequence[Row]) -> None:
+    """Partition 0 keeps the single table's indexes; the partitioned table gets the same ones
+    (whatever the migrations made), by the same names."""
+    await conn.execute(_sql()["partition"])
+    for index in indexes:
+        renamed = index["name"].replace("receiver_receipts_", "receiver_receipts_p0_", 1)
+        await conn.execute(_sql()["rename_index"].format(name=index["name"], renamed=renamed))
+        await conn.execute(index["definition"])
+    await conn.execute(_sql()["partition_keys"])
+
+
+async def _unpartition(conn: Connection, indexes: Sequence[Row]) -> None:
+    names = [r["name"] for r in await conn.fetch(_sql()["unpartition_columns"])]
+    if not all(_IDENTIFIER.fullmatch(name) for name in names):
+        raise ConfigurationError(f"receiver_receipts has a column receiver cannot name: {names}")
+    await conn.execute(_sql()["unpartition"].format(columns=", ".join(names)))
+    for index in indexes:
+        await conn.execute(index["definition"].replace(" ON ONLY ", " ON ", 1))
+
+
+async def expire(store: Store, now: float | None, retention: float, deadline: float) -> int:
+    """One pass of expiry on a partitioned ledger: open a new partition if the current one's
+    span is over, then drop the older ones whose receipts have all expired, until
+    ``deadline`` (``time.monotonic()``). Expiry is judged at ``now`` (None: the database's
+    clock), dead letters kept ``retention`` seconds past their window; the number of receipts
+    dropped."""
+    async with store.acquire() as conn:
+        if now is None:
+            now = float(await conn.fetchval(_sql()["database_now"]))
+        await _rotate(conn, now)
+        buckets = [r["bucket"] for r in await conn.fetch(_sql()["partitions"], SPAN, now)][:-1]
+    dropped = 0
+    for bucket in buckets:
+        if time.monotonic() >= deadline:
+            break
+        try:
+            dropped += await _drop(store, bucket, now, retention)
+        except asyncpg.exceptions.LockNotAvailableError:
+            logger.info(
+                "partition %s of receiver_receipts not dropped this pass: the ledger was busy "
+                "for longer than %s; the next pass tries again",
+                bucket,
+                LOCK_TIMEOUT,
+            )
+    return dropped
+
+
+async def _rotate(conn: Connection, now: float) -> None:
+    async with conn.transaction():
+        if not await _locked(conn):
+            return
+        rows = await conn.fetch(_sql()["partitions"], SPAN, now)
+        if rows and rows[-1]["due"]:
+            bucket = int(rows[-1]["bucket"]) + 1
+            await conn.execute(_fill("open_partition", bucket=bucket, now=now))
+            logger.info("opened partition %s of receiver_receipts", bucket)
+
+
+async def open_partition(store: Store, now: float | None = None) -> int:
+    """Open the next partition, at ``now`` (None: the database's clock), whatever the current
+    one's age (for operators and tests); its number."""
+    async with store.acquire() as conn, conn.transaction():
+        await conn.fetchval(_sql()["lock"])
+        if now is None:
+            now = float(await conn.fetchval(_sql()["database_now"]))
+        rows = await conn.fetch(_sql()["partitions"], SPAN, now)
+        bucket = int(rows[-1]["bucket"]) + 1
+        await conn.execute(_fill("open_partition", bucket=bucket, now=now))
+    return bucket
+
+
+async def _drop(store: Store, bucket: int, now: float, retention: float) -> int:
+    async with store.acquire() as conn:
+        row = await conn.fetchrow(_sql()["still_open"], bucket, now)
+        if row is None or row["open"]:
+            return 0
+        if not await move_kept(conn, bucket, now, retention):
+            return 0
+        if not await close(conn, bucket, now, retention):
+            return 0
+        return await finish(conn, bucket, now, retention)
+
+
+async def move_kept(conn: Connection, bucket: int, now: float, retention: float) -> bool:
+    """Step 1: move what expiry keeps out of partition ``bucket`` (row locks only). False if
+    another replica's step runs, or the partition is gone."""
+    async with conn.transaction():
+        if not await _present(conn, bucket):
+            return False
+        await conn.execute(_fill("move_kept", bucket=bucket, now=now, retention=retention))
+    return True
+
+
+async def close(conn: Connection, bucket: int, now: float, retention: float) -> bool:
+    """Step 2: from now on, every row of partition ``bucket`` stays expired as of ``now``."""
+    async with conn.transaction():
+        if not await _present(conn, bucket):
+            return False
+        await conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        if not await _closed(conn, bucket):
+            await conn.execute(
+                _fill("close_partition", bucket=bucket, now=now, retention=retention)
+            )
+    return True
+
+
+async def finish(conn: Connection, bucket: int, now: float, retention: float) -> int:
+    """Step 3: move what was revived before the close, then drop the partition with its keys
+    and attempts; the number of receipts dropped."""
+    async with conn.transaction():
+        if not await _present(conn, bucket):
+            return 0
+        await conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        await conn.execute(_fill("move_kept", bucket=bucket, now=now, retention=retention))
+        gone = int(await conn.fetchval(_sql()["drop_keys"], bucket))
+        await conn.execute(_fill("drop_partition", bucket=bucket))
+    logger.info("dropped partition %s of receiver_receipts: %d expired receipts", bucket, gone)
+    return gone
+
+
+async def _locked(conn: Connection) -> bool:
+    """This transaction holds the sweep's partition lock (another replica's step is not
+    running)."""
+    return bool(await conn.fetchval(_sql()["try_lock"]))
+
+
+async def _present(conn: Connection, bucket: int) -> bool:
+    """Under the partition lock: partition ``bucket`` is still there (no other replica dropped
+    it meanwhile)."""
+    return await _locked(conn) and bool(await conn.fetchval(_sql()["present"], bucket))
+
+
+async def _closed(conn: Connection, bucket: int) -> bool:
+    return bool(await conn.fetchval(_sql()["closed"], str(bucket)))
