@@ -51,7 +51,7 @@ LOCK_TIMEOUT = "1s"
 
 LAYOUTS = ("single", "partitioned")
 
-# The advisory lock of the sweep's partition steps (the migration runner's is 7241901).
+# A column's or an index's name, as the conversions write it into DDL.
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*")
 
 

@@ -67,7 +67,30 @@ def test_both_sides_expire_the_same_receipts(pg_admin_url: str, tmp_path: Path) 
     assert not _exists(pg_admin_url, args.pg_url.rsplit("/", 1)[1])
 
 
-@pytest.mark.parametrize("side", ["today", "partitioned"])
+def test_the_shipped_layout_expires_the_same_receipts(pg_admin_url: str, tmp_path: Path) -> None:
+    """The product's partitioned layout, swept by partitions.expire: the oldest day's
+    partition dropped, its dead letters moved, the same receipts left as today's table."""
+    args = _args(pg_admin_url, tmp_path, sides=("today", "shipped"))
+    result = asyncio.run(run(args))
+    shipped = result["sweep"]["shipped"]
+    assert result["sweep"]["today"]["deleted"] == shipped["deleted"] == 495
+    assert shipped["moved_dead_letters"] == 5
+    assert shipped["partitions_dropped"] == 1
+    assert shipped["oldest_dropped"]
+    assert result["checks"] == {
+        "expected_rows": 1505,
+        "today_rows": 1505,
+        "shipped_rows": 1505,
+        "shipped_keys": 1505,
+        "shipped_keys_without_body": 0,
+        "shipped_partitions_missing_indexes": 0,
+        "only_in_today_not_shipped": 0,
+        "ok": True,
+    }
+    assert not _exists(pg_admin_url, args.pg_url.rsplit("/", 1)[1])
+
+
+@pytest.mark.parametrize("side", ["today", "partitioned", "shipped"])
 def test_one_side_with_deferred_indexes_ends_with_every_index(
     pg_admin_url: str, tmp_path: Path, side: str
 ) -> None:
@@ -101,8 +124,12 @@ def test_one_side_with_deferred_indexes_ends_with_every_index(
             await admin.execute(f'DROP DATABASE IF EXISTS "{args.pg_url.rsplit("/", 1)[1]}"')
             await admin.close()
 
-    built = asyncio.run(indexes())
-    if side == "today":
+    built = asyncio.run(indexes())  # and drops the kept database
+    if side == "shipped":
+        # The tables live in their own schema: their indexes are in the checks instead.
+        assert result["checks"]["shipped_partitions_missing_indexes"] == 0
+        assert result["checks"]["shipped_keys_without_body"] == 0
+    elif side == "today":
         # schema.sql's: the primary key and its eight secondary indexes.
         assert len(built) == 9
         assert any("receiver_receipts_pkey" in d and "(provider, webhook_id)" in d for d in built)

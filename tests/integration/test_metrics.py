@@ -388,9 +388,10 @@ class _BrokenConnection(Connection):
 
     async def run(self, name: str, *args: Any) -> Any:
         if name == "claim":
-            broken = queries(self.dialect)["claim"].replace(
-                "ON CONFLICT DO NOTHING",
+            broken = re.sub(
+                r"ON CONFLICT (\(provider, webhook_id\) )?DO NOTHING",
                 "ON CONFLICT (provider, webhook_id) DO UPDATE SET fence = receiver_receipts.fence",
+                queries(self.dialect)["claim"],
             )
             rows = await self.inner._fetch(broken, *args)
             return rows[0] if rows else None
