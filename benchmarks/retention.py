@@ -183,25 +183,9 @@ END $$;
 # The shipped layout's hot path: the ledger's claim (ON CONFLICT without an arbiter: the key
 # table's trigger skips a key already there) and its complete statement, by key and fence
 # without the bucket, as the ledger sends them (the search path is the shipped schema).
-_HOT_SHIPPED = """
-DO $$
-DECLARE i int; f bigint;
-BEGIN
-  FOR i IN 1..%(n)s LOOP
-    INSERT INTO receiver_receipts (provider, webhook_id, payload_hash, state, fence, event_type,
-        claimed_at, lease_until, expires_at, request_body)
-    VALUES ('stripe', 'hot_%(tag)s_' || i, sha256(int4send(i)), 'in_flight', 1, 'invoice.paid',
-        now(), now() + interval '30 s', now() + interval '1 day', '\\x00'::bytea)
-    ON CONFLICT DO NOTHING
-    RETURNING fence INTO f;
-    UPDATE receiver_receipts SET state = 'completed', response_status = 200,
-        response_content_type = 'application/json', response_body = '\\x7b7d'::bytea,
-        completed_at = now(), request_body = NULL
-    WHERE provider = 'stripe' AND webhook_id = 'hot_%(tag)s_' || i AND fence = f
-      AND state COLLATE "C" = 'in_flight';
-  END LOOP;
-END $$;
-"""
+_HOT_SHIPPED = _HOT_TODAY.replace(
+    "ON CONFLICT (provider, webhook_id) DO NOTHING", "ON CONFLICT DO NOTHING"
+)
 
 SIDES = ("today", "partitioned", "shipped")
 #: The schema of the shipped side: its tables are named as today's.

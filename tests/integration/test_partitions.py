@@ -179,13 +179,20 @@ def test_sqlite_has_no_layouts(tmp_path: Path) -> None:
     assert cli("migrate", "--check", "--layout", "single", "--store", url).returncode == 0
 
 
+async def with_new_partition(
+    store: PostgresStore, clock: Clock
+) -> tuple[Receiver, Any, float, int]:
+    """An open receiver, its window, and a partition opened now (the current one, which the
+    test's deliveries go to): its number."""
+    rx, recorder = make_receiver(store, clock=clock)
+    await rx.open()
+    await partitions.open_partition(store, clock.now)
+    return rx, recorder, rx.providers[PROVIDER].window.window, max(await buckets(store))
+
+
 async def test_a_drop_takes_what_expiry_deletes_and_moves_the_rest(parted: PostgresStore) -> None:
     clock = Clock()
-    rx, recorder = make_receiver(parted, clock=clock)
-    await rx.open()
-    window = rx.providers[PROVIDER].window.window
-    await partitions.open_partition(parted, clock.now)
-    old = max(await buckets(parted))
+    rx, recorder, window, old = await with_new_partition(parted, clock)
     assert (await deliver(rx, "msg_done", clock)).status_code == 200
     assert (await deliver(rx, "msg_failed", clock, mode="raise")).status_code == 500
     body = body_of("order.created", long=True)
@@ -266,10 +273,7 @@ async def test_redeliveries_racing_a_drop_run_each_handler_once(parted: Postgres
     while the sweep drops it: each key runs its handler at most once more, and whatever a
     delivery completed survives the drop."""
     clock = Clock()
-    rx, recorder = make_receiver(parted, clock=clock)
-    await rx.open()
-    window = rx.providers[PROVIDER].window.window
-    await partitions.open_partition(parted, clock.now)
+    rx, recorder, window, _ = await with_new_partition(parted, clock)
     keys = [f"msg_{i}" for i in range(30)]
     for key in keys:
         assert (await deliver(rx, key, clock)).status_code == 200
@@ -354,11 +358,7 @@ async def test_a_drop_waits_for_no_transaction_longer_than_its_lock_timeout(
     """A transaction holding the ledger open (a long handler's) makes the drop give way: the
     sweep returns, the partition stays, and the next pass drops it."""
     clock = Clock()
-    rx, _ = make_receiver(parted, clock=clock)
-    await rx.open()
-    window = rx.providers[PROVIDER].window.window
-    await partitions.open_partition(parted, clock.now)
-    old = max(await buckets(parted))
+    rx, _, window, old = await with_new_partition(parted, clock)
     assert (await deliver(rx, "msg_1", clock)).status_code == 200
     clock.advance(window + DAY + 1)
     holder = await asyncpg.connect(pg_partitioned_url)
@@ -378,11 +378,7 @@ async def expired_in_old_partition(
     store: PostgresStore, clock: Clock
 ) -> tuple[Receiver, Any, int, float]:
     """msg_1 completed in a partition that is no longer the current one, its window over."""
-    rx, recorder = make_receiver(store, clock=clock)
-    await rx.open()
-    window = rx.providers[PROVIDER].window.window
-    await partitions.open_partition(store, clock.now)
-    old = max(await buckets(store))
+    rx, recorder, window, old = await with_new_partition(store, clock)
     assert (await deliver(rx, "msg_1", clock)).status_code == 200
     clock.advance(window + 1)
     await partitions.open_partition(store, clock.now)
