@@ -28,7 +28,6 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import logging
-import math
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -63,17 +62,6 @@ def _sql() -> Mapping[str, str]:
         .read_text("utf-8")
     )
     return parse(text)
-
-
-def _fill(name: str, **values: int | float) -> str:
-    """A DDL block with its numbers in (DDL takes no parameters): only ints and finite floats,
-    written by repr, so nothing else can reach the text."""
-    for value in values.values():
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise TypeError(f"{name}: {value!r} is not a number")
-        if not math.isfinite(value):
-            raise ValueError(f"{name}: {value!r} is not finite")
-    return _sql()[name].format(**{k: repr(v) for k, v in values.items()})
 
 
 async def layout(conn: Connection) -> str | None:
@@ -171,7 +159,7 @@ async def _rotate(conn: Connection, now: float) -> None:
         rows = await conn.fetch(_sql()["partitions"], SPAN, now)
         if rows and rows[-1]["due"]:
             bucket = int(rows[-1]["bucket"]) + 1
-            await conn.execute(_fill("open_partition", bucket=bucket, now=now))
+            await conn.fetchval(_sql()["open_partition"], bucket, now)
             logger.info("opened partition %s of receiver_receipts", bucket)
 
 
@@ -184,7 +172,7 @@ async def open_partition(store: Store, now: float | None = None) -> int:
             now = float(await conn.fetchval(_sql()["database_now"]))
         rows = await conn.fetch(_sql()["partitions"], SPAN, now)
         bucket = int(rows[-1]["bucket"]) + 1
-        await conn.execute(_fill("open_partition", bucket=bucket, now=now))
+        await conn.fetchval(_sql()["open_partition"], bucket, now)
     return bucket
 
 
@@ -206,7 +194,7 @@ async def move_kept(conn: Connection, bucket: int, now: float, retention: float)
     async with conn.transaction():
         if not await _present(conn, bucket):
             return False
-        await conn.execute(_fill("move_kept", bucket=bucket, now=now, retention=retention))
+        await _move(conn, bucket, now, retention)
     return True
 
 
@@ -215,11 +203,8 @@ async def close(conn: Connection, bucket: int, now: float, retention: float) -> 
     async with conn.transaction():
         if not await _present(conn, bucket):
             return False
-        await conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-        if not await _closed(conn, bucket):
-            await conn.execute(
-                _fill("close_partition", bucket=bucket, now=now, retention=retention)
-            )
+        await conn.fetchval(_sql()["lock_timeout"], LOCK_TIMEOUT)
+        await conn.fetchval(_sql()["close_partition"], bucket, now, retention)
     return True
 
 
@@ -229,10 +214,9 @@ async def finish(conn: Connection, bucket: int, now: float, retention: float) ->
     async with conn.transaction():
         if not await _present(conn, bucket):
             return 0
-        await conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-        await conn.execute(_fill("move_kept", bucket=bucket, now=now, retention=retention))
-        gone = int(await conn.fetchval(_sql()["drop_keys"], bucket))
-        await conn.execute(_fill("drop_partition", bucket=bucket))
+        await conn.fetchval(_sql()["lock_timeout"], LOCK_TIMEOUT)
+        await _move(conn, bucket, now, retention)
+        gone = int(await conn.fetchval(_sql()["drop_partition"], bucket))
     logger.info("dropped partition %s of receiver_receipts: %d expired receipts", bucket, gone)
     return gone
 
@@ -249,5 +233,9 @@ async def _present(conn: Connection, bucket: int) -> bool:
     return await _locked(conn) and bool(await conn.fetchval(_sql()["present"], bucket))
 
 
-async def _closed(conn: Connection, bucket: int) -> bool:
-    return bool(await conn.fetchval(_sql()["closed"], str(bucket)))
+async def _move(conn: Connection, bucket: int, now: float, retention: float) -> None:
+    """In the caller's transaction: the receipts expiry keeps leave partition ``bucket``, their
+    keys with them (the claim trigger follows a receipt while receiver.moving is on)."""
+    await conn.fetchval(_sql()["moving"], "on")
+    await conn.execute(_sql()["move_kept"], bucket, now, retention)
+    await conn.fetchval(_sql()["moving"], "off")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 import asyncpg
@@ -15,6 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from receiver import Actions, Event, PostgresStore, Provider, Receiver, ToolCall
+from receiver._store import partitions
 from receiver._store.base import Connection
 from tests import pgcluster
 from tests.support import PROVIDER, SECRET, body_of, signed
@@ -28,10 +30,13 @@ GRANT SELECT, INSERT ON app_orders TO {role};
 """
 
 
+@pytest.mark.parametrize("layout", ["single", "partitioned"])
 async def test_the_receiver_runs_with_only_the_listed_privileges(
-    pg_admin_url: str, caplog: pytest.LogCaptureFixture
+    pg_admin_url: str, caplog: pytest.LogCaptureFixture, layout: str
 ) -> None:
-    db = f"receiver_test_privileges_{os.getpid()}"
+    """On both layouts of the receipts table: the partitioned one's key table, partitions and
+    sweep (which opens and drops partitions) need no privilege beyond the list either."""
+    db = f"receiver_test_privileges_{layout}_{os.getpid()}"
     role = f"receiver_app_{os.getpid()}"
     owner_url = await pgcluster.recreate_database(pg_admin_url, db)
     admin = await asyncpg.connect(pg_admin_url)
@@ -41,6 +46,7 @@ async def test_the_receiver_runs_with_only_the_listed_privileges(
         async with PostgresStore(owner_url) as owner:
             await owner.migrate()  # the migrations run as the owner, as in production
             async with owner.acquire() as conn:
+                await partitions.convert(conn, layout)
                 await conn.execute("CREATE TABLE app_orders (id TEXT PRIMARY KEY)")
                 await conn.execute("REVOKE ALL ON SCHEMA public FROM PUBLIC")
                 for statement in GRANTS.format(db=db, role=role).strip().splitlines():
@@ -87,6 +93,16 @@ async def test_the_receiver_runs_with_only_the_listed_privileges(
             # deleting old audit records, and says once what to grant.
             assert (await rx.sweep()).audit_deleted == 0
             await rx.sweep()
+            if layout == "partitioned":
+                # A partition opened and the receipts' one dropped, all as the ledger's role.
+                async with rx.store.acquire() as conn:
+                    receipts = await conn.fetchval("SELECT count(*) FROM receiver_receipts")
+                await partitions.open_partition(rx.store)
+                later = time.time() + 30 * 24 * 3600
+                dropped = await partitions.expire(rx.store, later, 0.0, time.monotonic() + 60)
+                assert dropped == receipts > 0
+                async with rx.store.acquire() as conn:
+                    assert await conn.fetchval("SELECT count(*) FROM receiver_receipts") == 0
         warned = [r for r in caplog.records if "receiver_audit" in r.getMessage()]
         assert len(warned) == 1
         check = await asyncpg.connect(owner_url)

@@ -1,7 +1,6 @@
 -- receiver: the partitioned layout of the PostgreSQL ledger (receiver/_store/partitions.py).
 -- Blocks start with "-- name: NAME". A block without parameters may hold several statements
--- (it runs as one script); {placeholders} are filled in by the module, since DDL takes no
--- parameters: integers and finite floats written by repr, or checked identifiers.
+-- (it runs as one script); {placeholders} are identifiers the module has checked.
 --
 -- receiver_receipts becomes a table partitioned by LIST (bucket): each partition holds the
 -- receipts first claimed while it was the newest (the current one). Uniqueness of the key stays
@@ -9,6 +8,9 @@
 -- is the arbiter, filled by the BEFORE INSERT trigger; a claim that loses its key there inserts
 -- nothing, exactly as ON CONFLICT DO NOTHING does on the single table. Every statement of
 -- queries.postgresql.sql runs unchanged on either layout.
+-- The functions run as their owner (SECURITY DEFINER, search path pinned), so that the ledger's
+-- role (docs/how-to/postgresql.md, "Privileges") needs no privilege on the key table and no DDL
+-- for the sweep to open and drop partitions.
 -- Not for sharded engines (triggers, functions, DDL in the sweep): this is the layout of one
 -- PostgreSQL, whose expiry drops a partition instead of deleting its rows one by one.
 
@@ -32,11 +34,13 @@ CREATE TABLE receiver_partitions (
     bucket    bigint      PRIMARY KEY,
     opened_at timestamptz NOT NULL
 );
+GRANT SELECT ON receiver_partitions TO PUBLIC;
 INSERT INTO receiver_partitions (bucket, opened_at)
 VALUES (0, statement_timestamp()), (1, statement_timestamp());
 
 CREATE FUNCTION receiver_receipts_bucket() RETURNS bigint
-LANGUAGE sql STABLE AS $$ SELECT max(bucket) FROM receiver_partitions $$;
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT
+AS $$ SELECT max(bucket) FROM receiver_partitions $$;
 
 CREATE TABLE receiver_receipts
     (LIKE receiver_receipts_p0 INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
@@ -45,8 +49,8 @@ ALTER TABLE receiver_receipts ALTER COLUMN bucket SET DEFAULT receiver_receipts_
 
 -- name: rename_index
 -- {name}: one of the single table's indexes, now partition 0's: its name goes to the
--- partitioned table's copy of it (partition_indexes), built before partition 0 is attached, so
--- that ATTACH adopts this one instead of building another.
+-- partitioned table's copy of it, built before partition 0 is attached, so that ATTACH adopts
+-- this one instead of building another.
 ALTER INDEX {name} RENAME TO {renamed};
 
 -- name: partition_keys
@@ -67,7 +71,7 @@ CREATE INDEX receiver_receipt_keys_bucket ON receiver_receipt_keys USING brin (b
 -- claim's RETURNING is empty, as with ON CONFLICT DO NOTHING. While the sweep moves a
 -- receipt that is still kept out of a partition it drops (receiver.moving), the key follows it.
 CREATE FUNCTION receiver_receipts_claim_key() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
     IF current_setting('receiver.moving', true) = 'on' THEN
         UPDATE receiver_receipt_keys SET bucket = NEW.bucket
@@ -86,7 +90,7 @@ $$;
 
 -- A receipt deleted (the console, a test's clean-up) gives its key back.
 CREATE FUNCTION receiver_receipts_free_key() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
     IF current_setting('receiver.moving', true) IS DISTINCT FROM 'on' THEN
         DELETE FROM receiver_receipt_keys
@@ -97,7 +101,7 @@ END
 $$;
 
 CREATE FUNCTION receiver_receipts_free_keys() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
     TRUNCATE receiver_receipt_keys;
     RETURN NULL;
@@ -110,6 +114,78 @@ CREATE TRIGGER receiver_receipts_free_key AFTER DELETE ON receiver_receipts
     FOR EACH ROW EXECUTE FUNCTION receiver_receipts_free_key();
 CREATE TRIGGER receiver_receipts_free_keys AFTER TRUNCATE ON receiver_receipts
     FOR EACH STATEMENT EXECUTE FUNCTION receiver_receipts_free_keys();
+
+-- The sweep's partition changes, run as the owner by the ledger's role. Whoever may delete
+-- receipts may drop a partition of them; nobody else.
+CREATE FUNCTION receiver_partitions_allowed() RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+BEGIN
+    IF NOT has_table_privilege(session_user, 'receiver_receipts', 'DELETE') THEN
+        RAISE EXCEPTION 'changing the partitions of receiver_receipts needs DELETE on it'
+            USING ERRCODE = '42501';
+    END IF;
+END
+$$;
+
+-- A new partition, created apart and attached: ATTACH takes a lock that claims do not wait on
+-- (CREATE TABLE ... PARTITION OF would), and the new partition is empty.
+CREATE FUNCTION receiver_open_partition(p_bucket bigint, p_now float8) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    part text := 'receiver_receipts_p' || p_bucket;
+BEGIN
+    PERFORM receiver_partitions_allowed();
+    EXECUTE format('CREATE TABLE %I (LIKE receiver_receipts INCLUDING DEFAULTS '
+                   'INCLUDING CONSTRAINTS)', part);
+    EXECUTE format('ALTER TABLE %I ADD PRIMARY KEY (provider, webhook_id)', part);
+    EXECUTE format('ALTER TABLE receiver_receipts ATTACH PARTITION %I FOR VALUES IN (%s)',
+                   part, p_bucket);
+    INSERT INTO receiver_partitions (bucket, opened_at) VALUES (p_bucket, to_timestamp(p_now));
+END
+$$;
+
+-- From here on, a row of the partition can only stay expired as of p_now (a dead letter: as
+-- of p_now less the retention): a redelivery that would claim one of its receipts again (or an
+-- operator's re-run) fails and is retried after the drop, when its key is free. Every
+-- transaction that could have changed a row of it has ended when this commits (it waits for
+-- their locks).
+CREATE FUNCTION receiver_close_partition(p_bucket bigint, p_now float8, p_retention float8)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    part text := 'receiver_receipts_p' || p_bucket;
+BEGIN
+    PERFORM receiver_partitions_allowed();
+    IF EXISTS (SELECT 1 FROM pg_constraint WHERE conname = part || '_closed') THEN
+        RETURN;
+    END IF;
+    EXECUTE format(
+        'ALTER TABLE %I ADD CONSTRAINT %I CHECK ('
+        '(state = %L AND expires_at < %L AND expires_at <= to_timestamp(%s))'
+        ' OR (state IN (%L, %L) AND expires_at < %L AND expires_at <= to_timestamp(%s))'
+        ') NOT VALID',
+        part, part || '_closed', 'completed', 'infinity', p_now,
+        'failed', 'released', 'infinity', p_now - p_retention);
+END
+$$;
+
+-- The partition's attempts, its keys, then the partition: the number of receipts dropped.
+CREATE FUNCTION receiver_drop_partition(p_bucket bigint) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    gone bigint;
+BEGIN
+    PERFORM receiver_partitions_allowed();
+    DELETE FROM receiver_attempts a
+    USING receiver_receipt_keys k
+    WHERE k.bucket = p_bucket AND a.provider = k.provider AND a.webhook_id = k.webhook_id;
+    DELETE FROM receiver_receipt_keys WHERE bucket = p_bucket;
+    GET DIAGNOSTICS gone = ROW_COUNT;
+    EXECUTE format('DROP TABLE %I', 'receiver_receipts_p' || p_bucket);
+    DELETE FROM receiver_partitions WHERE bucket = p_bucket;
+    RETURN gone;
+END
+$$;
 
 ALTER TABLE receiver_receipts ATTACH PARTITION receiver_receipts_p0 FOR VALUES IN (0);
 CREATE TABLE receiver_receipts_p1 PARTITION OF receiver_receipts FOR VALUES IN (1);
@@ -132,6 +208,24 @@ JOIN pg_class c ON c.oid = i.indexrelid
 WHERE i.indrelid = 'receiver_receipts'::regclass AND NOT i.indisprimary
 ORDER BY c.relname;
 
+-- name: unpartition
+-- Back to the single table (schema.sql): every receipt copied, in the caller's transaction.
+-- {columns}: the receipts' columns but the bucket (unpartition_columns), checked identifiers.
+-- The indexes are built again after it from the partitioned table's (receipts_indexes).
+CREATE TABLE receiver_receipts_single
+    (LIKE receiver_receipts INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+ALTER TABLE receiver_receipts_single DROP COLUMN bucket;
+INSERT INTO receiver_receipts_single ({columns}) SELECT {columns} FROM receiver_receipts;
+DROP TABLE receiver_receipts;
+DROP TABLE receiver_receipt_keys, receiver_partitions;
+DROP FUNCTION receiver_receipts_bucket(), receiver_receipts_claim_key(),
+              receiver_receipts_free_key(), receiver_receipts_free_keys(),
+              receiver_open_partition(bigint, float8),
+              receiver_close_partition(bigint, float8, float8),
+              receiver_drop_partition(bigint), receiver_partitions_allowed();
+ALTER TABLE receiver_receipts_single RENAME TO receiver_receipts;
+ALTER TABLE receiver_receipts ADD PRIMARY KEY (provider, webhook_id);
+
 -- name: partitions
 -- The partitions, oldest first; the last is the current one. due: it has been current for a
 -- span ($1 seconds) at $2 (NULL: the database's clock), so the sweep opens a new one. Judged by
@@ -144,16 +238,7 @@ FROM receiver_partitions
 ORDER BY bucket;
 
 -- name: open_partition
--- {bucket}: the next number, opened at {now}. Created apart and attached: ATTACH takes a lock
--- that claims do not wait on (CREATE TABLE ... PARTITION OF would), and the new partition is
--- empty.
-CREATE TABLE receiver_receipts_p{bucket}
-    (LIKE receiver_receipts INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
-ALTER TABLE receiver_receipts_p{bucket} ADD PRIMARY KEY (provider, webhook_id);
-ALTER TABLE receiver_receipts ATTACH PARTITION receiver_receipts_p{bucket}
-    FOR VALUES IN ({bucket});
-INSERT INTO receiver_partitions (bucket, opened_at)
-VALUES ({bucket}, to_timestamp({now}::float8));
+SELECT receiver_open_partition($1, $2);
 
 -- name: still_open
 -- Whether partition $1 still holds a completed receipt within its window at $2 (NULL: the
@@ -165,63 +250,29 @@ SELECT EXISTS (
 ) AS open;
 
 -- name: move_kept
--- The receipts of partition {bucket} that expiry keeps at {now} (what delete_expired would
--- not delete: in flight, queued, within the window, a dead letter within its retention of
--- {retention} seconds) move to the current partition, their keys with them.
-SET LOCAL receiver.moving = 'on';
+-- The receipts of partition $1 that expiry keeps at $2 (what delete_expired would not delete:
+-- in flight, queued, within the window, a dead letter within its retention of $3 seconds) move
+-- to the current partition; their keys follow them (receiver.moving is on around it).
 UPDATE receiver_receipts
 SET bucket = receiver_receipts_bucket()
-WHERE bucket = {bucket}
+WHERE bucket = $1
   AND NOT ((state = 'completed' AND expires_at < 'infinity'
-            AND expires_at <= to_timestamp({now}::float8))
+            AND expires_at <= to_timestamp($2::float8))
            OR (state IN ('failed', 'released') AND expires_at < 'infinity'
-               AND expires_at <= to_timestamp({now}::float8)
-                                 - {retention}::float8 * interval '1 second'));
-SET LOCAL receiver.moving = 'off';
+               AND expires_at <= to_timestamp($2::float8) - $3::float8 * interval '1 second'));
+
+-- name: moving
+SELECT set_config('receiver.moving', $1, true) AS moving;
 
 -- name: close_partition
--- From here on, a row of partition {bucket} can only stay expired as of {now}: a redelivery
--- that would claim one of its receipts again (or an operator's re-run) fails and is retried
--- after the drop, when its key is free. Every transaction that could have changed a row of it
--- has ended when this commits (it waits for their locks).
-ALTER TABLE receiver_receipts_p{bucket} ADD CONSTRAINT receiver_receipts_p{bucket}_closed CHECK (
-    (state = 'completed' AND expires_at < 'infinity'
-     AND expires_at <= to_timestamp({now}::float8))
-    OR (state IN ('failed', 'released') AND expires_at < 'infinity'
-        AND expires_at <= to_timestamp({now}::float8) - {retention}::float8 * interval '1 second')
-) NOT VALID;
-
--- name: drop_keys
--- The keys of partition $1 and its receipts' attempts; the count is the receipts dropped.
-WITH attempts AS (
-    DELETE FROM receiver_attempts a
-    USING receiver_receipt_keys k
-    WHERE k.bucket = $1 AND a.provider = k.provider AND a.webhook_id = k.webhook_id
-    RETURNING 1
-), keys AS (
-    DELETE FROM receiver_receipt_keys WHERE bucket = $1
-    RETURNING 1
-)
-SELECT count(*) AS n FROM keys;
+SELECT receiver_close_partition($1, $2, $3);
 
 -- name: drop_partition
-DROP TABLE receiver_receipts_p{bucket};
-DELETE FROM receiver_partitions WHERE bucket = {bucket};
+SELECT receiver_drop_partition($1) AS n;
 
--- name: unpartition
--- Back to the single table (schema.sql): every receipt copied, in the caller's transaction.
--- {columns}: the receipts' columns but the bucket (unpartition_columns), checked identifiers.
--- The indexes are built again after it from the partitioned table's (unpartition_indexes).
-CREATE TABLE receiver_receipts_single
-    (LIKE receiver_receipts INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
-ALTER TABLE receiver_receipts_single DROP COLUMN bucket;
-INSERT INTO receiver_receipts_single ({columns}) SELECT {columns} FROM receiver_receipts;
-DROP TABLE receiver_receipts;
-DROP TABLE receiver_receipt_keys, receiver_partitions;
-DROP FUNCTION receiver_receipts_bucket(), receiver_receipts_claim_key(),
-              receiver_receipts_free_key(), receiver_receipts_free_keys();
-ALTER TABLE receiver_receipts_single RENAME TO receiver_receipts;
-ALTER TABLE receiver_receipts ADD PRIMARY KEY (provider, webhook_id);
+-- name: lock_timeout
+-- How long a step that locks the ledger waits for the transactions in progress ($1: e.g. 1s).
+SELECT set_config('lock_timeout', $1, true) AS lock_timeout;
 
 -- name: try_lock
 -- The sweep's partition steps take turns across replicas (the migration runner's lock is
@@ -237,11 +288,6 @@ SELECT pg_advisory_xact_lock(7241901) AS locked;
 
 -- name: present
 SELECT EXISTS (SELECT 1 FROM receiver_partitions WHERE bucket = $1) AS present;
-
--- name: closed
-SELECT EXISTS (
-    SELECT 1 FROM pg_constraint WHERE conname = 'receiver_receipts_p' || $1 || '_closed'
-) AS closed;
 
 -- name: database_now
 SELECT extract(epoch FROM statement_timestamp())::float8 AS now;
