@@ -25,19 +25,17 @@ advisory lock and re-reads what the last one left.
 
 from __future__ import annotations
 
-import functools
-import importlib.resources
 import logging
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import asyncpg
 
 from .._exceptions import ConfigurationError
 from . import migrations
 from .base import Connection, Row, Store
-from .queries import parse
+from .queries import layout_queries
 
 logger = logging.getLogger("receiver.sweeper")
 
@@ -54,22 +52,12 @@ LAYOUTS = ("single", "partitioned")
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*")
 
 
-@functools.cache
-def _sql() -> Mapping[str, str]:
-    text = (
-        importlib.resources.files("receiver._store")
-        .joinpath("sql", "layouts", "partitioned.postgresql.sql")
-        .read_text("utf-8")
-    )
-    return parse(text)
-
-
 async def layout(conn: Connection) -> str | None:
     """``"single"`` or ``"partitioned"``; None where the ledger's tables are not there.
     SQLite has the single table only."""
     if conn.dialect == "sqlite":
         return "single"
-    row = await conn.fetchrow(_sql()["layout"])
+    row = await conn.fetchrow(layout_queries()["layout"])
     if row is None:
         return None
     return "partitioned" if row["partitioned"] else "single"
@@ -84,7 +72,7 @@ async def convert(conn: Connection, target: str) -> bool:
     if conn.dialect != "postgresql":
         raise ConfigurationError("only a PostgreSQL ledger has layouts; SQLite has one table")
     async with conn.transaction():
-        await conn.fetchval(_sql()["migration_lock"])
+        await conn.fetchval(layout_queries()["migration_lock"])
         missing = (await migrations.status(conn)).missing
         if missing:
             raise ConfigurationError(
@@ -94,7 +82,7 @@ async def convert(conn: Connection, target: str) -> bool:
         current = await layout(conn)
         if current == target:
             return False
-        indexes = await conn.fetch(_sql()["receipts_indexes"])
+        indexes = await conn.fetch(layout_queries()["receipts_indexes"])
         if not all(_IDENTIFIER.fullmatch(index["name"]) for index in indexes):
             raise ConfigurationError("receiver_receipts has an index receiver cannot name")
         if target == "partitioned":
@@ -108,19 +96,21 @@ async def convert(conn: Connection, target: str) -> bool:
 async def _partition(conn: Connection, indexes: Sequence[Row]) -> None:
     """Partition 0 keeps the single table's indexes; the partitioned table gets the same ones
     (whatever the migrations made), by the same names."""
-    await conn.execute(_sql()["partition"])
+    await conn.execute(layout_queries()["partition"])
     for index in indexes:
         renamed = index["name"].replace("receiver_receipts_", "receiver_receipts_p0_", 1)
-        await conn.execute(_sql()["rename_index"].format(name=index["name"], renamed=renamed))
+        await conn.execute(
+            layout_queries()["rename_index"].format(name=index["name"], renamed=renamed)
+        )
         await conn.execute(index["definition"])
-    await conn.execute(_sql()["partition_keys"])
+    await conn.execute(layout_queries()["partition_keys"])
 
 
 async def _unpartition(conn: Connection, indexes: Sequence[Row]) -> None:
-    names = [r["name"] for r in await conn.fetch(_sql()["unpartition_columns"])]
+    names = [r["name"] for r in await conn.fetch(layout_queries()["unpartition_columns"])]
     if not all(_IDENTIFIER.fullmatch(name) for name in names):
         raise ConfigurationError(f"receiver_receipts has a column receiver cannot name: {names}")
-    await conn.execute(_sql()["unpartition"].format(columns=", ".join(names)))
+    await conn.execute(layout_queries()["unpartition"].format(columns=", ".join(names)))
     for index in indexes:
         await conn.execute(index["definition"].replace(" ON ONLY ", " ON ", 1))
 
@@ -133,9 +123,11 @@ async def expire(store: Store, now: float | None, retention: float, deadline: fl
     dropped."""
     async with store.acquire() as conn:
         if now is None:
-            now = float(await conn.fetchval(_sql()["database_now"]))
+            now = float(await conn.fetchval(layout_queries()["database_now"]))
         await _rotate(conn, now)
-        buckets = [r["bucket"] for r in await conn.fetch(_sql()["partitions"], SPAN, now)][:-1]
+        buckets = [
+            r["bucket"] for r in await conn.fetch(layout_queries()["partitions"], SPAN, now)
+        ][:-1]
     dropped = 0
     for bucket in buckets:
         if time.monotonic() >= deadline:
@@ -156,10 +148,10 @@ async def _rotate(conn: Connection, now: float) -> None:
     async with conn.transaction():
         if not await _locked(conn):
             return
-        rows = await conn.fetch(_sql()["partitions"], SPAN, now)
+        rows = await conn.fetch(layout_queries()["partitions"], SPAN, now)
         if rows and rows[-1]["due"]:
             bucket = int(rows[-1]["bucket"]) + 1
-            await conn.fetchval(_sql()["open_partition"], bucket, now)
+            await conn.fetchval(layout_queries()["open_partition"], bucket, now)
             logger.info("opened partition %s of receiver_receipts", bucket)
 
 
@@ -167,18 +159,18 @@ async def open_partition(store: Store, now: float | None = None) -> int:
     """Open the next partition, at ``now`` (None: the database's clock), whatever the current
     one's age (for operators and tests); its number."""
     async with store.acquire() as conn, conn.transaction():
-        await conn.fetchval(_sql()["lock"])
+        await conn.fetchval(layout_queries()["lock"])
         if now is None:
-            now = float(await conn.fetchval(_sql()["database_now"]))
-        rows = await conn.fetch(_sql()["partitions"], SPAN, now)
+            now = float(await conn.fetchval(layout_queries()["database_now"]))
+        rows = await conn.fetch(layout_queries()["partitions"], SPAN, now)
         bucket = int(rows[-1]["bucket"]) + 1
-        await conn.fetchval(_sql()["open_partition"], bucket, now)
+        await conn.fetchval(layout_queries()["open_partition"], bucket, now)
     return bucket
 
 
 async def _drop(store: Store, bucket: int, now: float, retention: float) -> int:
     async with store.acquire() as conn:
-        row = await conn.fetchrow(_sql()["still_open"], bucket, now)
+        row = await conn.fetchrow(layout_queries()["still_open"], bucket, now)
         if row is None or row["open"]:
             return 0
         if not await move_kept(conn, bucket, now, retention):
@@ -203,8 +195,8 @@ async def close(conn: Connection, bucket: int, now: float, retention: float) -> 
     async with conn.transaction():
         if not await _present(conn, bucket):
             return False
-        await conn.fetchval(_sql()["lock_timeout"], LOCK_TIMEOUT)
-        await conn.fetchval(_sql()["close_partition"], bucket, now, retention)
+        await conn.fetchval(layout_queries()["lock_timeout"], LOCK_TIMEOUT)
+        await conn.fetchval(layout_queries()["close_partition"], bucket, now, retention)
     return True
 
 
@@ -214,9 +206,9 @@ async def finish(conn: Connection, bucket: int, now: float, retention: float) ->
     async with conn.transaction():
         if not await _present(conn, bucket):
             return 0
-        await conn.fetchval(_sql()["lock_timeout"], LOCK_TIMEOUT)
+        await conn.fetchval(layout_queries()["lock_timeout"], LOCK_TIMEOUT)
         await _move(conn, bucket, now, retention)
-        gone = int(await conn.fetchval(_sql()["drop_partition"], bucket))
+        gone = int(await conn.fetchval(layout_queries()["drop_partition"], bucket))
     logger.info("dropped partition %s of receiver_receipts: %d expired receipts", bucket, gone)
     return gone
 
@@ -224,18 +216,18 @@ async def finish(conn: Connection, bucket: int, now: float, retention: float) ->
 async def _locked(conn: Connection) -> bool:
     """This transaction holds the sweep's partition lock (another replica's step is not
     running)."""
-    return bool(await conn.fetchval(_sql()["try_lock"]))
+    return bool(await conn.fetchval(layout_queries()["try_lock"]))
 
 
 async def _present(conn: Connection, bucket: int) -> bool:
     """Under the partition lock: partition ``bucket`` is still there (no other replica dropped
     it meanwhile)."""
-    return await _locked(conn) and bool(await conn.fetchval(_sql()["present"], bucket))
+    return await _locked(conn) and bool(await conn.fetchval(layout_queries()["present"], bucket))
 
 
 async def _move(conn: Connection, bucket: int, now: float, retention: float) -> None:
     """In the caller's transaction: the receipts expiry keeps leave partition ``bucket``, their
     keys with them (the claim trigger follows a receipt while receiver.moving is on)."""
-    await conn.fetchval(_sql()["moving"], "on")
-    await conn.execute(_sql()["move_kept"], bucket, now, retention)
-    await conn.fetchval(_sql()["moving"], "off")
+    await conn.fetchval(layout_queries()["moving"], "on")
+    await conn.execute(layout_queries()["move_kept"], bucket, now, retention)
+    await conn.fetchval(layout_queries()["moving"], "off")

@@ -32,8 +32,8 @@ def parse(text: str) -> dict[str, str]:
     return queries
 
 
-def _read(filename: str) -> str:
-    return importlib.resources.files("receiver._store").joinpath("sql", filename).read_text("utf-8")
+def _read(*path: str) -> str:
+    return importlib.resources.files("receiver._store").joinpath("sql", *path).read_text("utf-8")
 
 
 #: The statement files of each dialect, ``<part>.<dialect>.sql``: the ledger's, and the
@@ -51,6 +51,13 @@ def queries(dialect: str) -> Mapping[str, str]:
 def runner_queries(dialect: str) -> Mapping[str, str]:
     """The migration runner's named statements of one dialect."""
     return parse(_read(f"migrate.{dialect}.sql"))
+
+
+@functools.cache
+def layout_queries() -> Mapping[str, str]:
+    """The partitioned layout's named statements (PostgreSQL only; receiver/_store/
+    partitions.py)."""
+    return parse(_read("layouts", "partitioned.postgresql.sql"))
 
 
 def split_statements(script: str) -> Sequence[str]:
