@@ -159,14 +159,8 @@ class Actions(Steps):
         self.sweeper: KeySweeper | None = None
         if isinstance(target, Store):
             self.store = target
-            if sweep_interval is not None and (
-                isinstance(sweep_interval, bool)
-                or not isinstance(sweep_interval, int | float)
-                or not 0 < sweep_interval < float("inf")
-            ):
-                raise ConfigurationError(
-                    f"sweep_interval must be positive seconds, or None, not {sweep_interval!r}"
-                )
+            if sweep_interval is not None:
+                sweep_interval = seconds("sweep_interval", sweep_interval)
             self._retention = (
                 DEAD_LETTER_RETENTION if dead_letter_retention is None else dead_letter_retention,
                 AUDIT_RETENTION if audit_retention is None else audit_retention,

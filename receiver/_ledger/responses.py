@@ -9,7 +9,7 @@ import orjson
 from starlette.responses import Response
 
 from .receipts import StoredResponse
-from .results import Encoder, dumps
+from .results import Encoder, NotStorable, dumps
 
 JSON = "application/json"
 
@@ -37,15 +37,12 @@ def stored_error(status: int, code: str, detail: str) -> StoredResponse:
 def encode(result: Any, encoder: Encoder | None = None) -> StoredResponse:
     """What a handler returned, as the answer to store: None, a JSON-able value (see
     :mod:`receiver._ledger.results`; NotStorable if it is not one), or a Starlette Response with a
-    body (a streaming response cannot be stored and replayed)."""
+    body that HTTP can carry (NotStorable for a stream, an informational status, or a body on a
+    204 or 304: none of them can be stored and replayed)."""
     if result is None:
         return OK
     if isinstance(result, Response):
-        if not hasattr(result, "body"):
-            raise TypeError(
-                f"handlers must return a Response with a body, not {type(result).__name__}: "
-                "a stream cannot be stored for replay"
-            )
+        _check_replayable(result)
         content_type = result.headers.get("content-type", "")
         kept = tuple(
             (name.decode("latin-1"), value.decode("latin-1"))
@@ -55,6 +52,32 @@ def encode(result: Any, encoder: Encoder | None = None) -> StoredResponse:
         return StoredResponse(result.status_code, content_type, bytes(result.body), kept)
     return StoredResponse(200, JSON, dumps(result, encoder))
 
+
+def _check_replayable(result: Response) -> None:
+    """Refuse an answer that no server can send as it would be stored: every redelivery would
+    get it again (a broken connection, each time, for as long as the window lasts)."""
+    kind, status = type(result).__name__, result.status_code
+    if not hasattr(result, "body"):
+        raise NotStorable(
+            kind,
+            f"handlers must return a Response with a body, not {kind}: a stream cannot be "
+            "stored for replay",
+        )
+    if status < 200:
+        raise NotStorable(
+            f"{kind} with status {status}",
+            f"a handler's answer is final: its status is 200 or more, not {status}",
+        )
+    if status in NO_BODY and result.body:
+        raise NotStorable(
+            f"{kind} {status} with a body",
+            f"a {status} answer carries no body: return Response(status_code={status}) "
+            "without content, or another status",
+        )
+
+
+# Statuses HTTP sends without a body (a server that is given one fails the answer).
+NO_BODY = frozenset({204, 304})
 
 # Headers that describe one transfer or that the receiver sets itself, never the answer:
 # everything else a handler sets (Retry-After, Location, its own) is stored and replayed.

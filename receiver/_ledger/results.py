@@ -33,12 +33,14 @@ Encoder = Callable[[Any], Any]
 
 
 class NotStorable(ReceiverError, TypeError):
-    """A result cannot be stored as JSON; ``type_name`` names its type (never its value)."""
+    """A result cannot be stored (as JSON, or as an HTTP answer to replay); ``type_name`` names
+    its type (never its value), ``why`` what to return instead."""
 
-    def __init__(self, type_name: str) -> None:
+    def __init__(self, type_name: str, why: str | None = None) -> None:
         self.type_name = type_name
         super().__init__(
-            f"a value of type {type_name} is not JSON: return a JSON-able value, or pass "
+            why
+            or f"a value of type {type_name} is not JSON: return a JSON-able value, or pass "
             "encoder= to turn it into one"
         )
 

@@ -27,6 +27,7 @@ from .._ops.sweeper import AUDIT_RETENTION, DEAD_LETTER_RETENTION, Recoverer, ch
 from .._queue.ingest import enqueue_many
 from .._store.base import Store
 from .._store.url import store_from_url
+from .._values import seconds
 from .._verification.keys import key_of
 from .admission import DEFAULT_MAX_WAIT, Admission
 from .events import Event
@@ -128,16 +129,10 @@ class Receiver(Serving):
                 f"retry_after is whole seconds (the Retry-After header), not {retry_after!r}"
             )
         as_seconds(retry_after, "retry_after")  # >= 0, at most two years
-        if sweep_interval is not None and (
-            isinstance(sweep_interval, bool)
-            or not isinstance(sweep_interval, int | float)
-            or not 0 < sweep_interval < float("inf")
-        ):
-            raise ConfigurationError(
-                f"sweep_interval must be positive seconds, or None to disable the background "
-                f"sweeper, not {sweep_interval!r}"
-            )
-        self.sweep_interval = sweep_interval
+        # None: no background sweeper.
+        self.sweep_interval = (
+            None if sweep_interval is None else seconds("sweep_interval", sweep_interval)
+        )
         self.dead_letter_retention = check_retention("dead_letter_retention", dead_letter_retention)
         self.audit_retention = check_retention("audit_retention", audit_retention)
         self.clock = clock

@@ -324,9 +324,9 @@ class Execution:
         if isinstance(failure, NotStorable) and finished and has_external(handlers):
             # The external effect happened; releasing would let the retry run it again.
             logger.error(
-                "ALERT: a handler with external effects returned a %s, which cannot be stored as "
-                "JSON (pass encoder= to the Receiver to store such results)",
+                "ALERT: a handler with external effects returned a %s, which cannot be stored (%s)",
                 failure.type_name,
+                failure,
                 extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": fence},
             )
             reason = (

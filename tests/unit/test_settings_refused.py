@@ -94,6 +94,22 @@ CASES: list[tuple[str, Callable[[SQLiteStore], Any], str]] = [
     ),
     ("executor replay_cache True", lambda s: Actions(s, replay_cache=True), "replay_cache"),
     ("executor sweep_interval inf", lambda s: Actions(s, sweep_interval=math.inf), "sweep"),
+    # Past two years: a sleep no process outlives, and a typo for milliseconds.
+    (
+        "executor sweep_interval huge",
+        lambda s: Actions(s, sweep_interval=1e12),
+        "sweep_interval must be above 0 and at most 63158400",
+    ),
+    (
+        "receiver sweep_interval huge",
+        lambda s: Receiver(s, [Provider("acme", [SECRET])], sweep_interval=1e12),
+        "sweep_interval must be above 0 and at most 63158400",
+    ),
+    (
+        "receiver sweep_interval 0",
+        lambda s: Receiver(s, [Provider("acme", [SECRET])], sweep_interval=0),
+        "sweep_interval must be above 0",
+    ),
     (
         "volatile as one string",
         lambda s: Actions(s).add_tool("refund", tool, volatile="reason"),
