@@ -124,10 +124,7 @@ async def expire(store: Store, now: float | None, retention: float, deadline: fl
     async with store.acquire() as conn:
         if now is None:
             now = float(await conn.fetchval(layout_queries()["database_now"]))
-        await _rotate(conn, now)
-        buckets = [
-            r["bucket"] for r in await conn.fetch(layout_queries()["partitions"], SPAN, now)
-        ][:-1]
+        buckets = await _rotate(conn, now)
     dropped = 0
     for bucket in buckets:
         if time.monotonic() >= deadline:
@@ -144,15 +141,16 @@ async def expire(store: Store, now: float | None, retention: float, deadline: fl
     return dropped
 
 
-async def _rotate(conn: Connection, now: float) -> None:
+async def _rotate(conn: Connection, now: float) -> list[int]:
+    """Open the next partition if the current one's span is over (unless another replica's
+    step holds the lock); the partitions older than the current one, oldest first."""
     async with conn.transaction():
-        if not await _locked(conn):
-            return
+        locked = await _locked(conn)
         rows = await conn.fetch(layout_queries()["partitions"], SPAN, now)
-        if rows and rows[-1]["due"]:
-            bucket = int(rows[-1]["bucket"]) + 1
-            await conn.fetchval(layout_queries()["open_partition"], bucket, now)
-            logger.info("opened partition %s of receiver_receipts", bucket)
+        buckets = [int(row["bucket"]) for row in rows]
+        if locked and rows and rows[-1]["due"]:
+            buckets.append(await _open_next(conn, buckets[-1], now))
+    return buckets[:-1]
 
 
 async def open_partition(store: Store, now: float | None = None) -> int:
@@ -163,8 +161,14 @@ async def open_partition(store: Store, now: float | None = None) -> int:
         if now is None:
             now = float(await conn.fetchval(layout_queries()["database_now"]))
         rows = await conn.fetch(layout_queries()["partitions"], SPAN, now)
-        bucket = int(rows[-1]["bucket"]) + 1
-        await conn.fetchval(layout_queries()["open_partition"], bucket, now)
+        return await _open_next(conn, int(rows[-1]["bucket"]), now)
+
+
+async def _open_next(conn: Connection, current: int, now: float) -> int:
+    """Under the partition lock: open the partition after ``current``; its number."""
+    bucket = current + 1
+    await conn.fetchval(layout_queries()["open_partition"], bucket, now)
+    logger.info("opened partition %s of receiver_receipts", bucket)
     return bucket
 
 
