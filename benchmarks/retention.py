@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -561,6 +562,19 @@ async def _check(conn: asyncpg.Connection, sides: tuple[str, ...], expected: int
     return out
 
 
+async def _machine(conn: asyncpg.Connection) -> dict[str, Any]:
+    """What the figures were measured on: the cores, the memory, and the server's version and
+    the settings that bound what stays in memory and how often it checkpoints."""
+    pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gb": round(pages * page_size / 1e9, 1),
+        "postgresql": await conn.fetchval("SHOW server_version"),
+        "shared_buffers": await conn.fetchval("SHOW shared_buffers"),
+        "max_wal_size": await conn.fetchval("SHOW max_wal_size"),
+    }
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     sides = tuple(side for side in SIDES if side in args.sides)
     tables = [table for side in sides for table in _TABLES[side]]
@@ -573,7 +587,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     store: PostgresStore | None = None
     pool: asyncpg.Pool | None = None
     buckets: list[int] = []
-    result: dict[str, Any] = {"machine": "shared, busy 2-core machine", "args": vars(args)}
+    result: dict[str, Any] = {"machine": await _machine(conn), "args": vars(args)}
     try:
         if "today" in sides:
             await conn.execute((ROOT / "schema.sql").read_text())

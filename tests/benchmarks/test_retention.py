@@ -50,6 +50,10 @@ def test_both_sides_expire_the_same_receipts(pg_admin_url: str, tmp_path: Path) 
     args = _args(pg_admin_url, tmp_path)
     result = asyncio.run(run(args))
 
+    machine = result["machine"]
+    assert machine["cpus"] >= 1
+    assert machine["memory_gb"] > 0
+    assert machine["postgresql"].split(".")[0].isdigit()
     # Day 0 holds 500 receipts, every hundredth failed: 495 completed expire, 5 dead letters stay.
     today, partitioned = result["sweep"]["today"], result["sweep"]["partitioned"]
     assert today["deleted"] == partitioned["deleted"] == 495
