@@ -42,7 +42,7 @@ from .._ledger import keyed
 from .._ledger.cache import ReplayCache
 from .._ledger.keyed import KeyState
 from .._ledger.receipts import Claim, Claimed, Decision, Key, Receipt, State, StoredResponse, decide
-from .._ledger.responses import NOT_STORED, replay
+from .._ledger.responses import NOT_STORED, replay, unsendable
 from .._ledger.shared import SharedStatements
 from .._ops.durations import Durations
 from .._ops.redact import describe
@@ -84,7 +84,8 @@ def idempotent_request(request: Any) -> IdempotentRequest | None:
 
 
 class _Unstored(Exception):
-    """The endpoint answered 5xx or raised: roll its writes back and give the key back."""
+    """The endpoint answered 5xx or what HTTP cannot carry, or raised: roll its writes back and
+    give the key back."""
 
 
 class IdempotencyKeyMiddleware:
@@ -334,6 +335,9 @@ class IdempotencyKeyMiddleware:
                         if start["status"] >= 500:
                             raise _Unstored(f"the endpoint answered {start['status']}")
                         stored = _stored(start, b"".join(chunks))
+                        why = unsendable(stored.status, stored.body)
+                        if why is not None:  # sent as it came; kept, it would fail every replay
+                            raise _Unstored(f"the endpoint's answer cannot be replayed: {why}")
                         if tx.in_transaction:
                             await keyed.complete(self.store, tx, claim.key, fence, stored)
                         else:

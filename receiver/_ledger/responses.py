@@ -56,27 +56,30 @@ def encode(result: Any, encoder: Encoder | None = None) -> StoredResponse:
 def _check_replayable(result: Response) -> None:
     """Refuse an answer that no server can send as it would be stored: every redelivery would
     get it again (a broken connection, each time, for as long as the window lasts)."""
-    kind, status = type(result).__name__, result.status_code
+    kind = type(result).__name__
     if not hasattr(result, "body"):
         raise NotStorable(
             kind,
             f"handlers must return a Response with a body, not {kind}: a stream cannot be "
             "stored for replay",
         )
+    why = unsendable(result.status_code, bytes(result.body))
+    if why is not None:
+        body = " with a body" if result.body else ""
+        raise NotStorable(f"{kind} {result.status_code}{body}", why)
+
+
+def unsendable(status: int, body: bytes) -> str | None:
+    """Why HTTP cannot carry a final answer of ``status`` with ``body``; None if it can. A
+    server given one fails the answer: stored, it would fail every replay too."""
     if status < 200:
-        raise NotStorable(
-            f"{kind} with status {status}",
-            f"a handler's answer is final: its status is 200 or more, not {status}",
-        )
-    if status in NO_BODY and result.body:
-        raise NotStorable(
-            f"{kind} {status} with a body",
-            f"a {status} answer carries no body: return Response(status_code={status}) "
-            "without content, or another status",
-        )
+        return f"an answer is final: its status is 200 or more, not {status}"
+    if status in NO_BODY and body:
+        return f"a {status} answer carries no body: send it without content, or another status"
+    return None
 
 
-# Statuses HTTP sends without a body (a server that is given one fails the answer).
+# Statuses HTTP sends without a body.
 NO_BODY = frozenset({204, 304})
 
 # Headers that describe one transfer or that the receiver sets itself, never the answer:

@@ -1,5 +1,6 @@
-"""A handler's answer that HTTP cannot carry as it would be stored is refused before anything
-commits: an informational status (1xx), a body on a 204 or a 304, a stream.
+"""A handler's (or a keyed endpoint's) answer that HTTP cannot carry as it would be stored is
+refused before anything commits: an informational status (1xx), a body on a 204 or a 304, a
+stream.
 
 Stored, such an answer completed the receipt and every redelivery got it again; a real server
 (uvicorn, on h11 and httptools alike) then failed the answer and broke the connection, each
@@ -14,13 +15,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
 
-from receiver import Connection, Event, Store
+from receiver import Connection, Event, IdempotencyKeyMiddleware, Store, idempotent_request
 from receiver._ledger.receipts import State
 from tests.integration.test_handler_failures import deliver, receipt, receiver_on
-from tests.support import Clock, effects
+from tests.support import EFFECTS_DDL, Clock, effects
 
 
 async def _chunks() -> AsyncIterator[bytes]:
@@ -33,7 +39,10 @@ UNSENDABLE: dict[str, tuple[Any, str]] = {
         "its status is 200 or more, not 101",
     ),
     "early hints": (lambda: Response(b"hints", status_code=103), "not 103"),
-    "204 with a body": (lambda: Response(b"done", status_code=204), "a 204 answer carries no body"),
+    "204 with a body": (
+        lambda: Response(b"done", status_code=204),
+        "a 204 answer carries no body: send it without content",
+    ),
     "304 with a body": (lambda: Response(b"same", status_code=304), "a 304 answer carries no body"),
     "a stream": (lambda: StreamingResponse(_chunks()), "a stream cannot be stored"),
 }
@@ -121,3 +130,45 @@ async def test_an_empty_204_or_304_is_stored_and_replayed(store: Store, status: 
         assert (await receipt(store)).state is State.COMPLETED
     finally:
         await rx.close()
+
+
+@pytest.mark.parametrize(("status", "body"), [(204, b"refunded"), (304, b"same"), (103, b"")])
+async def test_the_middleware_stores_no_answer_http_cannot_carry(
+    store: Store, status: int, body: bytes
+) -> None:
+    """The endpoint's answer goes out as it came (the server fails it, as it would without the
+    middleware), its writes roll back and the key is given back: the client's retry runs it
+    again instead of getting a replay that fails the same way until the key expires."""
+    runs = 0
+
+    async def refund(request: Request) -> Response:
+        nonlocal runs
+        runs += 1
+        keyed = idempotent_request(request)
+        assert keyed is not None
+        await keyed.tx.execute(
+            "INSERT INTO effects (provider, webhook_id, fence) VALUES ($1, $2, $3)",
+            keyed.principal,
+            keyed.key,
+            keyed.fence,
+        )
+        return Response(body, status)
+
+    async with store.acquire() as conn:
+        await conn.execute(EFFECTS_DDL)
+    app = Starlette(
+        routes=[Route("/refunds", refund, methods=["POST"])],
+        middleware=[Middleware(IdempotencyKeyMiddleware, store=store, principal=lambda s: "t")],
+    )
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        for _ in range(2):
+            answer = await client.post(
+                "/refunds", content=b"{}", headers={"idempotency-key": '"r-1"'}
+            )
+            assert answer.status_code == status
+            assert "idempotent-replayed" not in answer.headers
+    assert runs == 2
+    assert await effects(store) == 0
+    async with store.acquire() as conn:
+        assert await conn.fetchval("SELECT state FROM receiver_receipts") == "released"
