@@ -156,6 +156,16 @@ def make_receiver(
     return rx, recorder
 
 
+async def write_effect(tx: Connection, provider: str, key: str, fence: int) -> None:
+    """The business row a handler (or a keyed endpoint) writes in the ledger's transaction."""
+    await tx.execute(
+        "INSERT INTO effects (provider, webhook_id, fence) VALUES ($1, $2, $3)",
+        provider,
+        key,
+        fence,
+    )
+
+
 async def effects(store: Store, webhook_id: str | None = None) -> int:
     """Committed business rows (all, or of one webhook-id)."""
     async with store.acquire() as conn:

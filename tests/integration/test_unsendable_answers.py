@@ -26,7 +26,7 @@ from starlette.routing import Route
 from receiver import Connection, Event, IdempotencyKeyMiddleware, Store, idempotent_request
 from receiver._ledger.receipts import State
 from tests.integration.test_handler_failures import deliver, receipt, receiver_on
-from tests.support import EFFECTS_DDL, Clock, effects
+from tests.support import EFFECTS_DDL, Clock, effects, write_effect
 
 
 async def _chunks() -> AsyncIterator[bytes]:
@@ -58,12 +58,7 @@ async def test_an_answer_http_cannot_carry_is_refused_and_rolled_back(
 
     @rx.on("order.created")
     async def handler(event: Event, tx: Connection) -> Any:
-        await tx.execute(
-            "INSERT INTO effects (provider, webhook_id, fence) VALUES ($1, $2, $3)",
-            event.provider,
-            event.id,
-            event.fence,
-        )
+        await write_effect(tx, event.provider, event.id, event.fence)
         return make()
 
     await rx.open()
@@ -146,12 +141,7 @@ async def test_the_middleware_stores_no_answer_http_cannot_carry(
         runs += 1
         keyed = idempotent_request(request)
         assert keyed is not None
-        await keyed.tx.execute(
-            "INSERT INTO effects (provider, webhook_id, fence) VALUES ($1, $2, $3)",
-            keyed.principal,
-            keyed.key,
-            keyed.fence,
-        )
+        await write_effect(keyed.tx, keyed.principal, keyed.key, keyed.fence)
         return Response(body, status)
 
     async with store.acquire() as conn:
