@@ -82,6 +82,7 @@ async def convert(conn: Connection, target: str) -> bool:
         current = await layout(conn)
         if current == target:
             return False
+        await conn.execute(layout_queries()["lock_receipts"])
         indexes = await conn.fetch(layout_queries()["receipts_indexes"])
         if not all(_IDENTIFIER.fullmatch(index["name"]) for index in indexes):
             raise ConfigurationError("receiver_receipts has an index receiver cannot name")

@@ -170,6 +170,61 @@ async def test_the_conversions_keep_every_receipt_and_its_answer(single_url: str
     assert cli("migrate", "--check", "--store", single_url).returncode == 0
 
 
+async def test_a_receiver_serving_through_both_conversions_runs_each_delivery_once(
+    single_url: str,
+) -> None:
+    """``receiver migrate --layout`` while a receiver serves: its deliveries wait behind the
+    conversion's lock (or are answered 503 and sent again, as a sender would), none fails
+    otherwise, the receiver's prepared statements find the new table, and each delivery runs
+    once; its answers replay from either layout."""
+    clock = Clock()
+    async with PostgresStore(single_url) as store:
+        rx, recorder = make_receiver(store, clock=clock)
+        await rx.open()
+        stop = asyncio.Event()
+        answered: dict[str, bytes] = {}
+
+        async def sender(n: int) -> None:
+            i = 0
+            while not stop.is_set():
+                webhook_id = f"msg_{n}_{i}"
+                while True:
+                    answer = await deliver(rx, webhook_id, clock, order=n * 100_000 + i)
+                    if answer.status_code == 200:
+                        break
+                    assert answer.status_code == 503, answer.text
+                    await asyncio.sleep(0.05)
+                answered[webhook_id] = answer.content
+                i += 1
+
+        try:
+            senders = [asyncio.create_task(sender(n)) for n in range(4)]
+            for layout in ("partitioned", "single", "partitioned"):
+                await asyncio.sleep(0.3)
+                done = await asyncio.to_thread(
+                    cli, "migrate", "--store", single_url, "--layout", layout
+                )
+                assert done.returncode == 0, done.stderr
+            await asyncio.sleep(0.3)
+            stop.set()
+            await asyncio.gather(*senders)
+            twice = await rows(
+                store, "SELECT webhook_id FROM effects GROUP BY webhook_id HAVING count(*) > 1"
+            )
+            assert twice == []
+            assert await effects(store) == len(answered) > 20
+            await consistent(store)
+            ran = sum(recorder.calls.values())
+            for webhook_id, content in answered.items():
+                _, n, i = webhook_id.split("_")
+                replay = await deliver(rx, webhook_id, clock, order=int(n) * 100_000 + int(i))
+                assert (replay.status_code, replay.content) == (200, content)
+            assert sum(recorder.calls.values()) == ran
+        finally:
+            stop.set()
+            await rx.close()
+
+
 def test_sqlite_has_no_layouts(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     refused = cli("migrate", "--store", url, "--layout", "partitioned")

@@ -282,6 +282,13 @@ SELECT pg_try_advisory_xact_lock(7241902) AS locked;
 -- name: lock
 SELECT pg_advisory_xact_lock(7241902) AS locked;
 
+-- name: lock_receipts
+-- A conversion holds the receipts table from its first statement to its commit: the ledger's
+-- statements wait for it. Without this, a claim or a completion committed while the rows are
+-- copied (going back to the single table) would be lost with the table they were copied from,
+-- and the delivery's retry would run its handlers again.
+LOCK TABLE receiver_receipts IN ACCESS EXCLUSIVE MODE;
+
 -- name: migration_lock
 -- A layout change and a migration never run at once.
 SELECT pg_advisory_xact_lock(7241901) AS locked;
