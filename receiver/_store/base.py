@@ -56,7 +56,13 @@ class Connection(abc.ABC):
         statement). Needed only before using ``raw`` inside a handler."""
         if self._deferred is not None and not self._begun:
             self._begun = True
-            await self._deferred.__aenter__()
+            try:
+                await self._deferred.__aenter__()
+            except BaseException:
+                # Never begun (no connection to be had, BEGIN refused): nothing to end, and
+                # the caller sees this failure, not one from ending what never began.
+                self._begun = False
+                raise
 
     async def execute(self, query: str, *args: Any) -> None:
         """Run a statement, discarding any result."""

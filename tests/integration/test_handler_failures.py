@@ -16,7 +16,7 @@ import asyncpg
 import httpx
 import pytest
 
-from receiver import Connection, Event, Provider, Receiver, Store
+from receiver import Connection, Event, PostgresStore, Provider, Receiver, Store
 from receiver._ledger import receipts as ledger
 from receiver._ledger.receipts import Key, State
 from tests.support import (
@@ -202,3 +202,37 @@ async def test_external_handler_failing_with_oserror_is_released_not_reviewed(
         assert (await receipt(store)).state is State.RELEASED
     finally:
         await rx.close()
+
+
+async def test_no_connection_for_the_handler_s_first_statement_is_kept_as_such(
+    pg_url: str,
+) -> None:
+    """The handler's first statement borrows a connection and begins the transaction; when no
+    connection can be had, that failure is the one kept and reported (it used to be replaced
+    by an AssertionError from ending a transaction that never began)."""
+    clock = Clock()
+    async with PostgresStore(pg_url, max_size=1, acquire_timeout=0.2) as store:
+        async with store.acquire() as conn:
+            await conn.execute("TRUNCATE receiver_receipts, receiver_attempts")
+        rx = receiver_on(store, clock)
+
+        @rx.on("order.created")
+        async def handler(event: Event, tx: Connection) -> None:
+            async with store.acquire():  # the pool's only connection, held
+                await tx.execute(
+                    "INSERT INTO effects (provider, webhook_id, fence) VALUES ($1, $2, $3)",
+                    event.provider,
+                    event.id,
+                    event.fence,
+                )
+
+        await rx.open()
+        try:
+            response = await deliver(rx, clock, "msg_no_connection")
+            assert response.status_code == 500, response.text
+            found = await receipt(store, "msg_no_connection")
+            assert found.state is State.RELEASED
+            assert found.last_error is not None
+            assert found.last_error.startswith("StoreUnavailable"), found.last_error
+        finally:
+            await rx.close()
