@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -29,10 +31,12 @@ from receiver import (
     StoreMisconfigured,
     ToolCall,
 )
+from receiver._store import partitions
 from receiver._store.base import Connection
-from tests.conftest import POOLED_DATABASE, truncate
+from tests import pgcluster
+from tests.conftest import POOLED_DATABASE, prepared_database, truncate
 from tests.pgbouncer import PgBouncer
-from tests.support import PROVIDER, SECRET, body_of, effects, make_receiver, signed
+from tests.support import PROVIDER, SECRET, Clock, body_of, effects, make_receiver, signed
 
 COPIES = 100
 
@@ -223,3 +227,58 @@ async def test_queued_workers_drain_exactly_once_through_the_pooler(
         assert "no LISTEN" in said  # a transaction-mode pooler without listen_url: polling
     else:
         assert "LISTEN on the store URL" in said
+
+
+@pytest.fixture
+def partitioned_pooled(pg_admin_url: str, pgbouncers: dict[str, PgBouncer]) -> Iterator[str]:
+    """A database of its own in the partitioned layout (dropped with FORCE: the poolers keep
+    server sessions to it)."""
+    name = f"receiver_test_pooled_partitioned_{os.getpid()}"
+    yield asyncio.run(prepared_database(pg_admin_url, name, "partitioned"))
+    asyncio.run(pgcluster.drop_database(pg_admin_url, name))
+
+
+@pytest.mark.parametrize("mode", ["transaction", "session"])
+async def test_the_partitioned_layout_through_the_pooler(
+    pgbouncers: dict[str, PgBouncer], partitioned_pooled: str, mode: str
+) -> None:
+    """The partitioned layout's trigger, its sweep's advisory locks and transaction-local
+    settings, and its partition DDL, through a real PgBouncer: the race still runs one
+    handler, a day's partition is opened and the old one dropped, and a redelivery after the
+    drop is a new delivery while one within its window replays."""
+    name = partitioned_pooled.rsplit("/", 1)[1]
+    url = pgbouncers[mode].url(name) + f"?pooler={mode}"
+    clock = Clock()
+    rx, recorder = make_receiver(PostgresStore(url, max_size=20), clock=clock)
+    body = body_of(order="o-1")
+    barrier = asyncio.Barrier(COPIES)
+    async with rx:
+        transport = httpx.ASGITransport(app=rx)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+
+            async def send(webhook_id: str, payload: bytes) -> httpx.Response:
+                headers = signed(webhook_id, payload, timestamp=clock.now)
+                return await client.post(f"/{PROVIDER}", content=payload, headers=headers)
+
+            async def copy() -> httpx.Response:
+                await barrier.wait()
+                return await send("msg_race", body)
+
+            answers = await asyncio.gather(*(copy() for _ in range(COPIES)))
+            assert {a.status_code for a in answers} <= {200, 409}
+            assert recorder.calls["msg_race"] == 1
+            # A day later the sweep opens the next partition; once the first day's window is
+            # over, it drops the first partition, through the pooler.
+            clock.advance(partitions.SPAN + 1)
+            await rx.sweep()
+            fresh = await send("msg_fresh", body_of(order="o-2"))
+            assert fresh.status_code == 200
+            clock.advance(40 * partitions.SPAN)
+            await rx.sweep()
+            async with rx.store.acquire() as conn:
+                kept = await conn.fetch("SELECT bucket FROM receiver_partitions ORDER BY bucket")
+            assert kept[0]["bucket"] > 1, kept  # the race's partition is gone
+            again = await send("msg_race", body)
+            assert again.status_code == 200
+            assert "idempotent-replayed" not in again.headers  # expired: a new delivery
+            assert recorder.calls["msg_race"] == 2
