@@ -32,7 +32,7 @@ def seconds(name: str, value: Any, *, zero: bool = False) -> float:
     if not math.isfinite(number):
         raise ConfigurationError(f"{name} is a finite number of seconds, not {value!r}")
     if number < 0 or (number == 0 and not zero) or number > MAX_SECONDS:
-        low = "0" if zero else "above 0"
+        low = "0 or more" if zero else "above 0"
         raise ConfigurationError(
             f"{name} must be {low} and at most {MAX_SECONDS:.0f} s, not {value!r}"
         )

@@ -20,18 +20,18 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .._exceptions import ConfigurationError, StoreMisconfigured, StoreUnavailable
+from .._exceptions import StoreMisconfigured, StoreUnavailable
 from .._ledger import keyed
 from .._ledger.receipts import Key, Receipt
 from .._logging import get_logger
 from .._store import partitions
 from .._store.base import Row, Store
+from .._values import seconds as checked_seconds
 from .redact import describe, is_driver_error, stack
 
 logger = get_logger("receiver.sweeper")
@@ -71,12 +71,9 @@ class SweepReport:
 
 
 def check_retention(name: str, seconds: float) -> float:
-    """A retention option: finite seconds, zero or more (zero: nothing kept beyond its time)."""
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-        raise ConfigurationError(f"{name} must be a number of seconds, not {seconds!r}")
-    if not 0 <= seconds < math.inf:
-        raise ConfigurationError(f"{name} must be finite seconds, zero or more, not {seconds!r}")
-    return float(seconds)
+    """A retention option: seconds from zero (nothing kept beyond its time) to two years, as
+    in a configuration file; PostgreSQL's timestamps overflowed on every sweep past that."""
+    return checked_seconds(name, seconds, zero=True)
 
 
 async def sweep(

@@ -105,6 +105,22 @@ CASES: list[tuple[str, Callable[[SQLiteStore], Any], str]] = [
         lambda s: Receiver(s, [Provider("acme", [SECRET])], sweep_interval=1e12),
         "sweep_interval must be above 0 and at most 63158400",
     ),
+    # Past two years, PostgreSQL's timestamps overflowed on every sweep: nothing expired.
+    (
+        "receiver dead_letter_retention huge",
+        lambda s: Receiver(s, [Provider("acme", [SECRET])], dead_letter_retention=1e12),
+        "dead_letter_retention must be 0 or more and at most 63158400",
+    ),
+    (
+        "receiver audit_retention inf",
+        lambda s: Receiver(s, [Provider("acme", [SECRET])], audit_retention=math.inf),
+        "audit_retention is a finite number of seconds",
+    ),
+    (
+        "executor dead_letter_retention huge",
+        lambda s: Actions(s, dead_letter_retention=1e300),
+        "dead_letter_retention must be 0 or more and at most 63158400",
+    ),
     (
         "receiver sweep_interval 0",
         lambda s: Receiver(s, [Provider("acme", [SECRET])], sweep_interval=0),
