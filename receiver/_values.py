@@ -39,6 +39,20 @@ def seconds(name: str, value: Any, *, zero: bool = False) -> float:
     return number
 
 
+#: The most of anything counted (workers' concurrency, a batch): a statement's LIMIT past a
+#: 32-bit integer is refused by PostgreSQL's int4 columns, and nothing here needs more.
+MAX_COUNT = 2**31 - 1
+
+
+def count(name: str, value: Any) -> int:
+    """A whole number from 1 to :data:`MAX_COUNT`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_COUNT:
+        raise ConfigurationError(
+            f"{name} must be a whole number from 1 to {MAX_COUNT}, not {value!r}"
+        )
+    return value
+
+
 def size(name: str, value: Any) -> int:
     """A positive whole number of bytes."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

@@ -31,6 +31,7 @@ from .._ledger.receipts import Key, Receipt
 from .._logging import get_logger
 from .._store import partitions
 from .._store.base import Row, Store
+from .._values import count
 from .._values import seconds as checked_seconds
 from .redact import describe, is_driver_error, stack
 
@@ -98,6 +99,7 @@ async def sweep(
     executor or the Idempotency-Key middleware) they are left to the Receiver that owns their
     handlers.
     """
+    batch = count("batch", batch)
     deadline = time.monotonic() + budget
     tally: collections.Counter[str] = collections.Counter()
     for _ in range(max_batches):

@@ -36,6 +36,7 @@ from .._logging import get_logger
 from .._ops.metrics import Metrics
 from .._queue import receipts as queue
 from .._store.base import Row, Store
+from .._values import count, seconds
 from .groups import QueuedAttempt
 from .handlers import Registry
 from .jobs import may_share
@@ -85,18 +86,14 @@ class Worker:
         grace: float = 30.0,
         group: int = 8,
     ) -> None:
-        if concurrency < 1:
-            raise ValueError(f"concurrency must be at least 1, not {concurrency}")
-        if group < 1:
-            raise ValueError(f"group must be at least 1, not {group}")
         self.rx = rx
-        self.concurrency = concurrency
+        self.concurrency = count("concurrency", concurrency)
         #: At most this many transactional deliveries share one transaction (PostgreSQL; 1:
         #: each its own; see Groups.run).
-        self.group = group
-        self.poll_interval = poll_interval
-        self.stale_interval = stale_interval
-        self.grace = grace
+        self.group = count("group", group)
+        self.poll_interval = seconds("poll_interval", poll_interval)
+        self.stale_interval = seconds("stale_interval", stale_interval)
+        self.grace = seconds("grace", grace, zero=True)
         self._wakeup = asyncio.Event()
         self._stopping = False
         #: Each running task and the attempts it runs (none: a stale recovery).

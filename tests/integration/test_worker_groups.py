@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
-from receiver import Event, PostgresStore, Provider, Receiver, State
+from receiver import ConfigurationError, Event, PostgresStore, Provider, Receiver, State
 from receiver._store.base import Connection
 from tests.integration.test_queued import drain, receipt
 from tests.support import EFFECTS_DDL, PROVIDER, SECRET, Clock, signed
@@ -295,5 +295,5 @@ async def test_external_handlers_never_share_a_transaction(pg_store: PostgresSto
 
 async def test_group_must_be_positive(pg_store: PostgresStore) -> None:
     rx = _receiver(pg_store, Clock(), _state())
-    with pytest.raises(ValueError, match="group must be at least 1"):
+    with pytest.raises(ConfigurationError, match="group must be a whole number from 1"):
         rx.worker(group=0)

@@ -122,6 +122,26 @@ CASES: list[tuple[str, Callable[[SQLiteStore], Any], str]] = [
         "dead_letter_retention must be 0 or more and at most 63158400",
     ),
     (
+        "worker concurrency past 32 bits",
+        lambda s: Receiver(s, [Provider("acme", [SECRET])]).worker(concurrency=2**63),
+        "concurrency must be a whole number from 1 to 2147483647",
+    ),
+    (
+        "worker concurrency 2.5",
+        lambda s: Receiver(s, [Provider("acme", [SECRET])]).worker(concurrency=2.5),
+        "concurrency must be a whole number",
+    ),
+    (
+        "worker poll_interval NaN",
+        lambda s: Receiver(s, [Provider("acme", [SECRET])]).worker(poll_interval=math.nan),
+        "poll_interval is a finite number of seconds",
+    ),
+    (
+        "worker grace negative",
+        lambda s: Receiver(s, [Provider("acme", [SECRET])]).worker(grace=-1),
+        "grace must be 0 or more",
+    ),
+    (
         "receiver sweep_interval 0",
         lambda s: Receiver(s, [Provider("acme", [SECRET])], sweep_interval=0),
         "sweep_interval must be above 0",
@@ -267,3 +287,15 @@ def test_a_proposal_keeps_the_request_as_it_was_proposed(tmp_path: Path) -> None
     request["amount"] = 999
     request["items"].append(2)  # type: ignore[attr-defined]
     assert proposed.request == {"amount": 100, "items": [1]}
+
+
+@pytest.mark.parametrize("batch", [0, 2**63, 1.5, True])
+async def test_a_sweep_batch_of_the_wrong_shape_is_refused(tmp_path: Path, batch: Any) -> None:
+    """A LIMIT past 64 bits failed in the driver (DataError) on PostgreSQL; 0 or a fraction
+    made no sense: refused by every entry point's sweep() before any statement."""
+    store = SQLiteStore(tmp_path / "ledger.db")
+    async with Receiver(store, [Provider("acme", [SECRET])]) as rx:
+        with pytest.raises(ConfigurationError, match="batch must be a whole number"):
+            await rx.sweep(batch=batch)
+        with pytest.raises(ConfigurationError, match="batch must be a whole number"):
+            await Actions(store).sweep(batch=batch)
