@@ -23,7 +23,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from .._exceptions import ReceiverError, SchemaOutdated, StoreUnavailable
+from .._exceptions import ConfigurationError, ReceiverError, SchemaOutdated, StoreUnavailable
 from .._ledger import receipts as ledger
 from .._ledger.receipts import Key
 from .._store.base import Store
@@ -98,8 +98,11 @@ class Console:
         self.redact_fields = names(
             redact_fields, "redact_fields= takes a list of field names, such as ['ssn']"
         )
-        if not 0 < bulk_rate <= 1000:
-            raise ReceiverError("bulk_rate is between 0 and 1000 deliveries a second")
+        number = not isinstance(bulk_rate, bool) and isinstance(bulk_rate, int | float)
+        if not (number and 0 < bulk_rate <= 1000):  # NaN fails the comparison too
+            raise ConfigurationError(
+                f"bulk_rate is between 0 and 1000 deliveries a second, not {bulk_rate!r}"
+            )
         self.bulk_rate = float(bulk_rate)
         self.runs = bulk.Host(self.store, None if receiver is None else receiver.replay)
         metrics = receiver.metrics if receiver is not None else None

@@ -17,6 +17,7 @@ from receiver import (
     ActionError,
     Actions,
     ConfigurationError,
+    Console,
     IdempotencyKeyMiddleware,
     IdempotencyProxy,
     Provider,
@@ -141,6 +142,9 @@ CASES: list[tuple[str, Callable[[SQLiteStore], Any], str]] = [
         lambda s: Receiver(s, [Provider("acme", [SECRET])]).worker(grace=-1),
         "grace must be 0 or more",
     ),
+    ("console bulk_rate as text", lambda s: Console(s, bulk_rate="5"), "bulk_rate is between"),
+    ("console bulk_rate True", lambda s: Console(s, bulk_rate=True), "bulk_rate is between"),
+    ("console bulk_rate NaN", lambda s: Console(s, bulk_rate=math.nan), "bulk_rate is between"),
     (
         "receiver sweep_interval 0",
         lambda s: Receiver(s, [Provider("acme", [SECRET])], sweep_interval=0),
