@@ -39,8 +39,9 @@ def seconds(name: str, value: Any, *, zero: bool = False) -> float:
     return number
 
 
-#: The most of anything counted (workers' concurrency, a batch): a statement's LIMIT past a
-#: 32-bit integer is refused by PostgreSQL's int4 columns, and nothing here needs more.
+#: The most of anything counted (a worker's concurrency, a sweep's batch), as the CLI's
+#: counts: the statements' LIMITs are bigints (past 64 bits the driver refused the statement,
+#: on every fetch), and nothing here needs more than 32 bits.
 MAX_COUNT = 2**31 - 1
 
 
