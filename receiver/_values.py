@@ -39,6 +39,11 @@ def seconds(name: str, value: Any, *, zero: bool = False) -> float:
     return number
 
 
+def sweep_interval(value: Any) -> float | None:
+    """A background sweeper's period: seconds (at most two years), or None for none."""
+    return None if value is None else seconds("sweep_interval", value)
+
+
 #: The most of anything counted (a worker's concurrency, a sweep's batch), as the CLI's
 #: counts: the statements' LIMITs are bigints (past 64 bits the driver refused the statement,
 #: on every fetch), and nothing here needs more than 32 bits.

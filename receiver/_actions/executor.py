@@ -50,6 +50,7 @@ from .._ops.sweeper import (
 )
 from .._store.base import Store
 from .._values import names, seconds
+from .._values import sweep_interval as checked_interval
 from .action import (
     Action,
     ActionResult,
@@ -159,8 +160,7 @@ class Actions(Steps):
         self.sweeper: KeySweeper | None = None
         if isinstance(target, Store):
             self.store = target
-            if sweep_interval is not None:
-                sweep_interval = seconds("sweep_interval", sweep_interval)
+            sweep_interval = checked_interval(sweep_interval)
             self._retention = (
                 DEAD_LETTER_RETENTION if dead_letter_retention is None else dead_letter_retention,
                 AUDIT_RETENTION if audit_retention is None else audit_retention,

@@ -12,13 +12,10 @@ from .._exceptions import ConfigurationError
 from .._values import MAX_SECONDS, names
 from .._values import seconds as seconds
 from .._values import size as size
+from .._values import sweep_interval as sweep_interval
 
 #: The longest ``ttl`` (as a provider's dedup window, receiver/_webhooks/timespans.py).
 MAX_TTL = MAX_SECONDS
-
-
-def sweep_interval(value: Any) -> float | None:
-    return None if value is None else seconds("sweep_interval", value)
 
 
 def methods_of(methods: Iterable[str]) -> frozenset[str]:

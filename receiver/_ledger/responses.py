@@ -63,13 +63,13 @@ def _check_replayable(result: Response) -> None:
             f"handlers must return a Response with a body, not {kind}: a stream cannot be "
             "stored for replay",
         )
-    why = unsendable(result.status_code, bytes(result.body))
+    why = unsendable(result.status_code, result.body)
     if why is not None:
         body = " with a body" if result.body else ""
         raise NotStorable(f"{kind} {result.status_code}{body}", why)
 
 
-def unsendable(status: int, body: bytes) -> str | None:
+def unsendable(status: int, body: bytes | memoryview) -> str | None:
     """Why HTTP cannot carry a final answer of ``status`` with ``body``; None if it can. A
     server given one fails the answer: stored, it would fail every replay too."""
     if status < 200:

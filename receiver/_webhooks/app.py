@@ -27,7 +27,7 @@ from .._ops.sweeper import AUDIT_RETENTION, DEAD_LETTER_RETENTION, Recoverer, ch
 from .._queue.ingest import enqueue_many
 from .._store.base import Store
 from .._store.url import store_from_url
-from .._values import seconds
+from .._values import sweep_interval as checked_interval
 from .._verification.keys import key_of
 from .admission import DEFAULT_MAX_WAIT, Admission
 from .events import Event
@@ -129,10 +129,7 @@ class Receiver(Serving):
                 f"retry_after is whole seconds (the Retry-After header), not {retry_after!r}"
             )
         as_seconds(retry_after, "retry_after")  # >= 0, at most two years
-        # None: no background sweeper.
-        self.sweep_interval = (
-            None if sweep_interval is None else seconds("sweep_interval", sweep_interval)
-        )
+        self.sweep_interval = checked_interval(sweep_interval)  # None: no background sweeper
         self.dead_letter_retention = check_retention("dead_letter_retention", dead_letter_retention)
         self.audit_retention = check_retention("audit_retention", audit_retention)
         self.clock = clock
