@@ -19,6 +19,7 @@ import pytest
 from receiver import Connection, Event, PostgresStore, Provider, Receiver, Store
 from receiver._ledger import receipts as ledger
 from receiver._ledger.receipts import Key, State
+from tests.conftest import truncate
 from tests.support import (
     EFFECTS_DDL,
     PROVIDER,
@@ -28,6 +29,7 @@ from tests.support import (
     effects,
     ledger_clock,
     signed,
+    write_effect,
 )
 
 # Errors a handler meets in real life, several of which the driver translation used to take
@@ -212,19 +214,13 @@ async def test_no_connection_for_the_handler_s_first_statement_is_kept_as_such(
     by an AssertionError from ending a transaction that never began)."""
     clock = Clock()
     async with PostgresStore(pg_url, max_size=1, acquire_timeout=0.2) as store:
-        async with store.acquire() as conn:
-            await conn.execute("TRUNCATE receiver_receipts, receiver_attempts")
+        await truncate(pg_url)
         rx = receiver_on(store, clock)
 
         @rx.on("order.created")
         async def handler(event: Event, tx: Connection) -> None:
             async with store.acquire():  # the pool's only connection, held
-                await tx.execute(
-                    "INSERT INTO effects (provider, webhook_id, fence) VALUES ($1, $2, $3)",
-                    event.provider,
-                    event.id,
-                    event.fence,
-                )
+                await write_effect(tx, event.provider, event.id, event.fence)
 
         await rx.open()
         try:
