@@ -131,16 +131,21 @@ def read(rx: Receiver, sql: str) -> list[Any]:
 
 def open_again(page: Any, url: str) -> None:
     """Load ``url`` afresh. A running job's page refreshes itself (a meta refresh), and one
-    that fires while Playwright navigates aborts that navigation (net::ERR_ABORTED): try
-    again, a few times."""
+    that fires while Playwright navigates aborts that navigation (net::ERR_ABORTED, or "is
+    interrupted by another navigation", as Chromium reports it): try again, a few times."""
     for attempt in range(5):
         try:
             page.goto(url)
             return
         except Exception as exc:  # playwright's Error, whose module is not imported here
-            if "ERR_ABORTED" not in str(exc) or attempt == 4:
+            raced = any(sign in str(exc) for sign in _REFRESH_RACE)
+            if not raced or attempt == 4:
                 raise
             time.sleep(0.2)
+
+
+# What Playwright says of a navigation the page's own refresh cut short.
+_REFRESH_RACE = ("ERR_ABORTED", "is interrupted by another navigation")
 
 
 def sign_in(page: Any, console: Console, token: str, name: str = "") -> None:
