@@ -227,7 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    if not arguments:
+        # A first try of the command: the help, not argparse's "the following arguments are
+        # required: COMMAND".
+        parser.print_help()
+        return 0
+    args = parser.parse_args(arguments)
     try:
         command = {
             "serve": serve,
@@ -247,3 +254,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ReceiverError as exc:
         print(f"receiver: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (`receiver inspect ... | head`): stop quietly, as cat does, and
+        # keep Python from reporting the same broken pipe again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141

@@ -340,3 +340,34 @@ def test_arguments_no_command_can_use_are_one_line_errors(
     line = one_line_error(receiver(*args, *options, cwd=tmp_path))
     assert says in line, line
     assert list(tmp_path.iterdir()) == []
+
+
+def test_no_arguments_print_the_help() -> None:
+    done = receiver()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: receiver")
+    assert "serve" in done.stdout
+    assert done.stderr == ""
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    """``receiver ttl | head -n 1``: the pipe closes before the command writes, which is a
+    quiet stop (141, as for a shell command killed by SIGPIPE), not a BrokenPipeError
+    traceback."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line is written
+    try:
+        done = subprocess.run(
+            [RECEIVER, "ttl"],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 141
+    assert done.stderr == ""
