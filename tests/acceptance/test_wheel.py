@@ -76,10 +76,8 @@ class Dist:
     wheel: Path
 
 
-@pytest.fixture(scope="module")
-def dist(tmp_path_factory: pytest.TempPathFactory) -> Dist:
-    tmp = tmp_path_factory.mktemp("dist")
-    # A copy of the source, so that the build leaves nothing in the working tree.
+def copy_of_the_source(tmp: Path) -> Path:
+    """A clone's files, so that a build or an install leaves nothing in the working tree."""
     source = tmp / "source"
     shutil.copytree(
         ROOT,
@@ -88,6 +86,13 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Dist:
             ".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", "*.db*", "site"
         ),
     )
+    return source
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Dist:
+    tmp = tmp_path_factory.mktemp("dist")
+    source = copy_of_the_source(tmp)
     out = tmp / "dist"
     output = run(sys.executable, "-m", "build", "--outdir", out, source, cwd=tmp, env=clean_env())
     assert "absent from the `packages` configuration" not in output
@@ -230,6 +235,38 @@ def test_the_tutorial_runs_as_written_from_the_wheel(
     )
     assert lost.returncode == 2
     assert "no app to run: give --app module:attribute" in lost.stderr, lost.stderr
+
+
+def test_the_home_page_installs_work_as_written(tmp_path: Path) -> None:
+    """The home page's install lines, each in a fresh virtualenv: the package index's name (not
+    run: nothing is released), then from a clone, in its directory, and from the wheel built
+    there, exactly as written; each gives the command and the kit."""
+    lines = [
+        line.removeprefix("$ ")
+        for block in blocks(ROOT / "docs" / "index.md")
+        if block.lang == "console"
+        for line in block.text.splitlines()
+        if line.startswith("$ ")
+    ]
+    assert lines[0] == "pip install receiver-webhooks"
+    from_clone, build, from_wheel = lines[1:]
+    clone = copy_of_the_source(tmp_path)
+    for name, commands in (("clone", [from_clone]), ("wheel", [build, from_wheel])):
+        venv = tmp_path / f"venv-{name}"
+        env = clean_env()
+        run(sys.executable, "-m", "venv", venv, cwd=tmp_path, env=env)
+        env = {**env, "VIRTUAL_ENV": str(venv), "PATH": f"{venv}/bin{os.pathsep}{env['PATH']}"}
+        for command in commands:
+            run("bash", "-c", command, cwd=clone, env=env, timeout=600)
+        where = "import receiver, receiver.testing; print(receiver.__file__)"
+        # Away from the clone, whose receiver/ folder would be imported first from its directory.
+        found = run(venv / "bin" / "python", "-c", where, cwd=tmp_path, env=env)
+        assert found.startswith(str(venv)), found
+        version = run(venv / "bin" / "receiver", "--version", cwd=tmp_path, env=env)
+        assert version == f"receiver {receiver.__version__}\n"
+    assert [p.name for p in (clone / "dist").glob("*.whl")] == [
+        f"receiver_webhooks-{receiver.__version__}-py3-none-any.whl"
+    ]
 
 
 def start(line: str, cwd: Path, env: dict[str, str], log_path: Path) -> subprocess.Popen[str]:
