@@ -5,7 +5,8 @@ endpoint and its answer is stored; every retry with the same key gets that answe
 for byte, with ``Idempotent-Replayed: true``. A missing key where one is required is 400; a
 reused key with another request (method, path, query, normalized body) is 422; a key whose
 first request is still running is 409 with Retry-After. Errors are ``application/problem+json``
-(RFC 9457). A 5xx is never stored: the key is given back, and a retry runs the endpoint again.
+(RFC 9457). A 5xx is never stored, nor a 422 by default (``unstored_statuses``): the key is given
+back, and a retry runs the endpoint again.
 
 Keys live in ``receiver_receipts`` under the provider ``idem:<namespace>``, scoped by the
 caller's ``principal`` function (the authenticated client or tenant), so two clients never see
@@ -22,7 +23,7 @@ import hashlib
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +89,12 @@ class _Unstored(Exception):
     give the key back."""
 
 
+class _Forgotten(_Unstored):
+    """The answer is one of ``unstored_statuses``: roll the writes back and forget the key, so
+    that a corrected request under it is a new request (not another request under a used
+    key, 422)."""
+
+
 class IdempotencyKeyMiddleware:
     """Pure ASGI middleware::
 
@@ -110,6 +117,13 @@ class IdempotencyKeyMiddleware:
     keys (keeping a failed one ``dead_letter_retention`` seconds after its ttl, and the
     console's audit records ``audit_retention`` seconds). ``await middleware.sweep()`` runs
     one pass.
+
+    ``unstored_statuses``: the 4xx answers that are not stored, treated like a 5xx (the
+    endpoint's writes through ``tx`` roll back, the key is given back, and a retry under the
+    same key runs the endpoint again, with a corrected body too). By default 422, FastAPI's
+    answer to a request that fails its validation before the endpoint runs, so that a client
+    who fixes its request may send it under the same key (as Stripe saves no result for a
+    request that failed validation). ``()`` stores every 4xx.
     """
 
     def __init__(
@@ -130,6 +144,7 @@ class IdempotencyKeyMiddleware:
         sweep_interval: float | None = 60.0,
         dead_letter_retention: float = DEAD_LETTER_RETENTION,
         audit_retention: float = AUDIT_RETENTION,
+        unstored_statuses: Collection[int] = (422,),
     ) -> None:
         ttl, lease = settings.seconds("ttl", ttl), settings.seconds("lease", lease)
         if lease > ttl:
@@ -158,6 +173,7 @@ class IdempotencyKeyMiddleware:
         self.paths, self.required = settings.patterns_of(paths, required)
         self.ttl, self.lease, self.wait = ttl, lease, wait
         self.max_body_size = max_body_size
+        self.unstored_statuses = settings.unstored_statuses_of(unstored_statuses)
         self.provider = f"{keyed.IDEMPOTENCY}:{settings.namespace_of(namespace)}"
         self._waiters = keyed.Waiters()
         self._shared = SharedStatements(store)
@@ -334,6 +350,8 @@ class IdempotencyKeyMiddleware:
                             raise _Unstored("the endpoint sent no response")
                         if start["status"] >= 500:
                             raise _Unstored(f"the endpoint answered {start['status']}")
+                        if start["status"] in self.unstored_statuses:
+                            raise _Forgotten(f"the endpoint answered {start['status']}")
                         stored = _stored(start, b"".join(chunks))
                         why = unsendable(stored.status, stored.body)
                         if why is not None:  # sent as it came; kept, it would fail every replay
@@ -348,7 +366,9 @@ class IdempotencyKeyMiddleware:
             if isinstance(failure, LeaseLost):
                 detail = "a newer attempt took this key over; this one was rolled back"
                 return _problem(409, "lease-lost", "Request superseded", detail, retry_after=1)
-            if failure is not None:
+            if isinstance(failure, _Forgotten):
+                await asyncio.shield(keyed.forget(self.store, claim.key, fence))
+            elif failure is not None:
                 # Given back at once, a cancelled attempt too (so that the client's retry is not
                 # told "in progress" until the lease runs out); shielded from a second
                 # cancellation. Described without the values a driver's text carries.

@@ -5,7 +5,7 @@ two years overflows the database's timestamps on the first request."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from .._exceptions import ConfigurationError
@@ -72,3 +72,15 @@ def check_principal(principal: Any) -> None:
             "principal= must be a function of the ASGI scope returning who sent the request (a "
             "tenant or client id), so that clients never share keys"
         )
+
+
+def unstored_statuses_of(statuses: Collection[int]) -> frozenset[int]:
+    """``unstored_statuses``: 4xx statuses given back like a 5xx, not stored (a 5xx never is;
+    a 2xx or 3xx is the endpoint's work done, so it always is)."""
+    refused = f"unstored_statuses= takes a list of 4xx statuses, such as [422], not {statuses!r}"
+    if isinstance(statuses, str | bytes) or not isinstance(statuses, Collection):
+        raise ConfigurationError(refused)
+    found = frozenset(statuses)
+    if any(isinstance(s, bool) or not isinstance(s, int) or not 400 <= s <= 499 for s in found):
+        raise ConfigurationError(refused)
+    return found

@@ -71,6 +71,13 @@ async def release(store: Store, key: Key, fence: int, error: str) -> bool:
         return await ledger.release(conn, key, fence, message, store.now())
 
 
+async def forget(store: Store, key: Key, fence: int) -> bool:
+    """Delete the key of an attempt that did nothing (fenced), so that the next request under
+    it is a new one: for a request refused before the endpoint ran."""
+    async with store.acquire() as conn:
+        return await ledger.forget(conn, key, fence)
+
+
 async def unresolved(store: Store, key: Key, fence: int, error: str) -> bool:
     """Keep an interrupted external attempt in flight with its lease ended (reconcile failed)."""
     message = error.replace("\x00", "\\x00")[:2000]

@@ -272,6 +272,16 @@ async def unresolved(conn: Connection, key: Key, fence: int, error: str, now: fl
     return await _failed_attempt(conn, "unresolve", key, fence, error, now)
 
 
+async def forget(conn: Connection, key: Key, fence: int) -> bool:
+    """Delete the key of an attempt that did nothing, with its attempts (fenced): the next
+    request under it is a new one. False if the fence is stale."""
+    async with conn.transaction():
+        if await conn.run("forget", key.provider, key.webhook_id, fence) is None:
+            return False
+        await conn.run_all("forget_attempts", key.provider, key.webhook_id)
+        return True
+
+
 async def _failed_attempt(
     conn: Connection, statement: str, key: Key, fence: int, error: str, now: float | None
 ) -> bool:

@@ -56,6 +56,34 @@ CASES: list[tuple[str, Callable[[SQLiteStore], Any], str]] = [
         "max_body_size must be a positive whole number of bytes",
     ),
     (
+        "middleware unstored_statuses a 5xx",
+        lambda s: IdempotencyKeyMiddleware(
+            endpoint, store=s, principal=anyone, unstored_statuses=[422, 503]
+        ),
+        "unstored_statuses= takes a list of 4xx statuses",
+    ),
+    (
+        "middleware unstored_statuses a 2xx",
+        lambda s: IdempotencyKeyMiddleware(
+            endpoint, store=s, principal=anyone, unstored_statuses=[200]
+        ),
+        "unstored_statuses= takes a list of 4xx statuses",
+    ),
+    (
+        "middleware unstored_statuses one number",
+        lambda s: IdempotencyKeyMiddleware(
+            endpoint, store=s, principal=anyone, unstored_statuses=422
+        ),
+        "unstored_statuses= takes a list of 4xx statuses",
+    ),
+    (
+        "middleware unstored_statuses text and True",
+        lambda s: IdempotencyKeyMiddleware(
+            endpoint, store=s, principal=anyone, unstored_statuses=["422", True]
+        ),
+        "unstored_statuses= takes a list of 4xx statuses",
+    ),
+    (
         "proxy methods as one string",
         lambda s: IdempotencyProxy("http://api.test", store=s, methods="POST"),
         "methods= takes a list",

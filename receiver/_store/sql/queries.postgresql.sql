@@ -124,6 +124,18 @@ SET state = 'released',
 WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state COLLATE "C" = 'in_flight'
 RETURNING fence;
 
+-- name: forget
+-- Fenced: an attempt that the caller knows did nothing (its writes rolled back, nothing outside
+-- began) and whose request must not be remembered, as a request the framework refused before
+-- the endpoint ran: the key goes, so that the client's corrected request under it is a new
+-- request, not another request under a used key. Its attempts go with it (forget_attempts).
+DELETE FROM receiver_receipts
+WHERE provider = $1 AND webhook_id = $2 AND fence = $3 AND state COLLATE "C" = 'in_flight'
+RETURNING fence;
+
+-- name: forget_attempts
+DELETE FROM receiver_attempts WHERE provider = $1 AND webhook_id = $2;
+
 -- name: unresolve
 -- Fenced: reconcile() of an interrupted external attempt failed, so what happened outside is
 -- still unknown. Never released (a release lets the retry run the external effect again): the

@@ -89,6 +89,16 @@ SET state = 'released',
 WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
 RETURNING fence;
 
+-- name: forget
+-- Fenced: the key of an attempt that did nothing goes, with its attempts (forget_attempts), so
+-- that a corrected request under it is a new request (queries.postgresql.sql says when).
+DELETE FROM receiver_receipts
+WHERE provider = ?1 AND webhook_id = ?2 AND fence = ?3 AND state = 'in_flight'
+RETURNING fence;
+
+-- name: forget_attempts
+DELETE FROM receiver_attempts WHERE provider = ?1 AND webhook_id = ?2;
+
 -- name: unresolve
 -- Fenced: reconcile() of an interrupted external attempt failed, so what happened outside is
 -- still unknown. Never released (a release lets the retry run the external effect again): the
