@@ -70,14 +70,17 @@ returns a :class:`VerifiedDelivery` or raises :class:`VerificationError` (401) o
 :class:`MalformedRequest` (400). Structural checks come first (400), then the clock (401), then
 the signature (401), and the body (400) only after the signature verifies. ``check`` names:
 
-    missing_header:<name>     MalformedRequest   a required header is absent or empty
+    missing_header:<name>     MalformedRequest   a required header is absent or empty (Shopify's
+                                                 library requires the domain, version and id too)
     duplicate_header:<name>   MalformedRequest   a header we read was sent more than once
     webhook_id                MalformedRequest   the id header is not 1-255 visible ASCII
     event_type                MalformedRequest   the type is not 1-255 visible ASCII
     timestamp                 MalformedRequest   not canonical decimal unix seconds (<= 11 digits)
     timestamp                 VerificationError  outside the tolerance ("too old" / "too new")
     signature                 MalformedRequest   wrong prefix, not hex/base64, wrong length
-    signature                 VerificationError  no signature verifies against any secret
+    signature                 VerificationError  no signature verifies against any secret, or it
+                                                 is spelled as the sender's library refuses it
+                                                 (upper-case hex, base64 that is not canonical)
     event_id                  MalformedRequest   the verified body has no usable id
 
 Messages never contain secrets, signatures or header values.

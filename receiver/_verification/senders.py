@@ -13,10 +13,12 @@ its own envelope. Same rules as :mod:`receiver._verification.schemes` (secrets a
     Linear  sha256 of the payload but its timestamp   body "type" [+ "." + "action"]
 
 Paddle (https://developer.paddle.com/webhooks/signature-verification): the header may carry one
-``h1`` per secret while a secret is rotated; any may match. Paddle's SDKs allow 5 seconds of
-clock difference; the default here is the 5 minutes of every other scheme (``tolerance=5`` to
-match the SDKs). The id is the event's ``event_id``, the same on every retry and on a manual
-replay of the notification (``notification_id`` is per destination and per replay).
+``h1`` per secret while a secret is rotated; any may match. Any other element (another scheme,
+a space before a key, a second ``=``) fails the whole header, as in Paddle's SDKs (401).
+Paddle's SDKs allow 5 seconds of clock difference; the default here is the 5 minutes of every
+other scheme (``tolerance=5`` to match the SDKs). The id is the event's ``event_id``, the same
+on every retry and on a manual replay of the notification (``notification_id`` is per
+destination and per replay).
 
 Zoom (https://developers.zoom.us/docs/api/webhooks/#verify-webhook-events): Zoom sends no event
 id, so the id is the event name, its ``event_ts`` and the first 16 bytes of the body's SHA-256:
