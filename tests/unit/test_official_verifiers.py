@@ -33,7 +33,7 @@ from starlette.datastructures import Headers
 from twilio.request_validator import RequestValidator
 
 from receiver import GitHub, Linear, Paddle, Shopify, Slack, StandardWebhooks, Stripe, Twilio, Zoom
-from receiver._exceptions import VerificationError
+from receiver._exceptions import MalformedRequest, VerificationError
 from receiver._verification.verifier import Verifier
 from receiver.testing import Sender
 from tests import official
@@ -463,3 +463,39 @@ async def test_the_receivers_own_signatures_pass_the_senders_library(scheme: str
     _, verifier, reference = SCHEMES[scheme]
     assert reference([case], now) == [True]
     assert verdict(verifier, case, now)
+
+
+#: (scheme, case) -> the refusal: a spelling the sender's library refuses is a wrong signature
+#: (401 signature); a header it requires is missing (400); two values for one field (400).
+REFUSALS = {
+    **{
+        (scheme, case): (401, "signature")
+        for scheme in ("stripe", "github", "slack", "paddle", "zoom", "linear")
+        for case in ("hex upper-case", "hex with one upper-case digit")
+    },
+    ("shopify", "base64 with non-zero final bits"): (401, "signature"),
+    ("twilio", "base64 with non-zero final bits"): (401, "signature"),
+    ("svix", "base64 with non-zero final bits"): (401, "signature"),
+    ("svix", "tab between entries"): (401, "signature"),
+    ("paddle", "an unknown element"): (401, "signature"),
+    ("paddle", "a space before h1"): (401, "signature"),
+    ("paddle", "an element with two '='"): (401, "signature"),
+    ("shopify", "without x-shopify-shop-domain"): (400, "missing_header:x-shopify-shop-domain"),
+    ("shopify", "without x-shopify-api-version"): (400, "missing_header:x-shopify-api-version"),
+    ("shopify", "without x-shopify-webhook-id"): (400, "missing_header:x-shopify-webhook-id"),
+    ("svix", "both names, the ids differ"): (400, "duplicate_header:webhook-id"),
+    ("svix", "both names, svix-id empty"): (400, "duplicate_header:webhook-id"),
+    ("svix", "both names, svix-signature wrong"): (400, "duplicate_header:webhook-signature"),
+}
+
+
+@pytest.mark.parametrize(("scheme", "name"), sorted(REFUSALS))
+def test_a_refused_spelling_names_its_check(scheme: str, name: str) -> None:
+    build, verifier, _ = SCHEMES[scheme]
+    now = int(time.time())
+    (case,) = [c for c in build(now) if c.name == name]
+    raw = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in case.headers]
+    with pytest.raises(VerificationError) as refused:
+        verifier.verify(Headers(raw=raw), case.body, now)
+    status = 400 if isinstance(refused.value, MalformedRequest) else 401
+    assert (status, refused.value.check) == REFUSALS[scheme, name]
