@@ -291,6 +291,11 @@ def zoom_cases(now: int) -> list[Case]:
     wrong = Case("wrong secret", _replace(good, "x-zm-signature", "v0=" + _mac("x", body)), body)
     cases = _common(base, ["x-zm-signature", "x-zm-request-timestamp"], wrong)
     cases += _signature_cases(base, "x-zm-signature", _hex_variants("v0=", digits))
+    for label, stamp in {"timestamp too old": str(now - 1000), "milliseconds": f"{now}123"}.items():
+        signed = "v0=" + _mac(SECRET, f"v0:{stamp}:".encode() + body)
+        cases.append(
+            Case(label, [("x-zm-signature", signed), ("x-zm-request-timestamp", stamp)], body)
+        )
     return cases
 
 
@@ -344,6 +349,10 @@ def twilio_cases(now: int) -> list[Case]:
     wrong = Case("wrong secret", _replace(good, "x-twilio-signature", other), body)
     cases = _common(base, ["x-twilio-signature"], wrong)
     cases += _signature_cases(base, "x-twilio-signature", _b64_variants(signature))
+    ported = RequestValidator(SECRET).compute_signature(
+        TWILIO_URL.replace(".com/", ".com:443/"), params
+    )
+    cases.append(Case("signed with the port", _replace(good, "x-twilio-signature", ported), body))
     return cases
 
 
@@ -415,6 +424,9 @@ STRICTER: dict[tuple[str, str], str] = {
     # the receiver reading webhook-id would see another id than the one verified (400
     # duplicate_header:webhook-id). Svix never sends the two with different values.
     ("svix", "both names, the ids differ"): "two ids for one delivery",
+    # Zoom's documented check compares the signature only; the receiver also refuses a
+    # timestamp past its tolerance, as for every sender that signs one.
+    ("zoom", "timestamp too old"): "the signed timestamp is checked",
 }
 
 
