@@ -70,14 +70,17 @@ returns a :class:`VerifiedDelivery` or raises :class:`VerificationError` (401) o
 :class:`MalformedRequest` (400). Structural checks come first (400), then the clock (401), then
 the signature (401), and the body (400) only after the signature verifies. ``check`` names:
 
-    missing_header:<name>     MalformedRequest   a required header is absent or empty
+    missing_header:<name>     MalformedRequest   a required header is absent or empty (Shopify's
+                                                 library requires the domain, version and id too)
     duplicate_header:<name>   MalformedRequest   a header we read was sent more than once
     webhook_id                MalformedRequest   the id header is not 1-255 visible ASCII
     event_type                MalformedRequest   the type is not 1-255 visible ASCII
     timestamp                 MalformedRequest   not canonical decimal unix seconds (<= 11 digits)
     timestamp                 VerificationError  outside the tolerance ("too old" / "too new")
     signature                 MalformedRequest   wrong prefix, not hex/base64, wrong length
-    signature                 VerificationError  no signature verifies against any secret
+    signature                 VerificationError  no signature verifies against any secret, or it
+                                                 is spelled as the sender's library refuses it
+                                                 (upper-case hex, base64 that is not canonical)
     event_id                  MalformedRequest   the verified body has no usable id
 
 Messages never contain secrets, signatures or header values.
@@ -86,7 +89,6 @@ Messages never contain secrets, signatures or header values.
 from __future__ import annotations
 
 import base64
-import binascii
 import datetime as dt
 import hashlib
 import hmac
@@ -98,6 +100,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from .._exceptions import ConfigurationError, MalformedRequest, VerificationError
+from .spelling import NEVER, canonical_b64, hex_digest
 from .verifier import MAX_SIGNATURE_ENTRIES, MAX_SIGNATURE_HEADER, VerifiedDelivery
 
 if TYPE_CHECKING:
@@ -127,9 +130,11 @@ _TOKEN = re.compile(r"[\x21-\x7e]{1,255}")
 # for 1. At most 11 digits keeps the instant inside datetime's range (up to year 5138).
 _TIMESTAMP = re.compile(r"0|[1-9][0-9]{0,10}")
 _MAX_SECONDS = 99_999_999_999
-_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 # Base64 of a 32-byte digest, padded, as Shopify sends it.
 _B64_32 = re.compile(r"[A-Za-z0-9+/]{43}=")
+# Sent on every delivery, and required by Shopify's own library (shopify-api's
+# webhooks.validate), which refuses a delivery without one as its sender never sends it.
+_SHOPIFY_ALWAYS = ("x-shopify-shop-domain", "x-shopify-api-version", "x-shopify-webhook-id")
 
 
 # -- configuration ---------------------------------------------------------------------------------
@@ -208,15 +213,6 @@ def _timestamp(value: str, what: str) -> int:
     if _TIMESTAMP.fullmatch(value) is None:
         raise MalformedRequest("timestamp", f"{what} must be integer unix seconds")
     return int(value)
-
-
-def _hex_digest(value: str, prefix: str) -> bytes | None:
-    """The 32-byte digest of ``prefix + 64 hex digits``, or None."""
-    if not value.startswith(prefix):
-        return None
-    digits = value[len(prefix) :]
-    # The regex first: bytes.fromhex would also accept spaces between the digits.
-    return bytes.fromhex(digits) if _HEX64.fullmatch(digits) else None
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:
@@ -329,7 +325,7 @@ class Stripe(_TimedScheme):
                     raise MalformedRequest("timestamp", "Stripe-Signature has more than one t=")
                 stamp = item
             elif key == "v1":
-                digest = _hex_digest(item, "")
+                digest = hex_digest(item, "")
                 if digest is not None:  # as with unknown schemes, a malformed entry is skipped
                     given.append(digest)
         if stamp is None:
@@ -363,7 +359,7 @@ class GitHub(_HmacScheme):
         value = _header(headers, "x-hub-signature-256", "signature")
         event = _header(headers, "x-github-event", "event_type")
         _token(event, "event_type", "X-GitHub-Event")
-        digest = _hex_digest(value, "sha256=")
+        digest = hex_digest(value, "sha256=")
         if digest is None:
             raise MalformedRequest("signature", "X-Hub-Signature-256 must be sha256=<64 hex>")
         self._verify((digest,), body)
@@ -398,10 +394,12 @@ class Shopify(_HmacScheme):
         value = _header(headers, "x-shopify-hmac-sha256", "signature")
         topic = _header(headers, "x-shopify-topic", "event_type")
         _token(topic, "event_type", "X-Shopify-Topic")
+        for name in _SHOPIFY_ALWAYS:
+            # Never read here (so of any length), only required once, as Shopify's library does.
+            _header(headers, name, "webhook_id", limit=MAX_SIGNATURE_HEADER * 8)
         if _B64_32.fullmatch(value) is None:
             raise MalformedRequest("signature", "X-Shopify-Hmac-Sha256 must be base64 of 32 bytes")
-        # The regex admits canonical base64 alphabet only, so this cannot raise.
-        self._verify((binascii.a2b_base64(value),), body)
+        self._verify((canonical_b64(value.encode("ascii")) or NEVER,), body)
         timestamp = _iso_seconds(headers.getlist("x-shopify-triggered-at"))
         hint = _hint(headers, "x-shopify-webhook-id")
         return VerifiedDelivery(body_key(body), timestamp, topic, hint)
@@ -425,7 +423,7 @@ class Slack(_TimedScheme):
         value = _header(headers, "x-slack-signature", "signature")
         stamp = _header(headers, "x-slack-request-timestamp", "timestamp")
         timestamp = _timestamp(stamp, "X-Slack-Request-Timestamp")
-        digest = _hex_digest(value, "v0=")
+        digest = hex_digest(value, "v0=")
         if digest is None:
             raise MalformedRequest("signature", "X-Slack-Signature must be v0=<64 hex digits>")
         self._check_time(timestamp, now)

@@ -13,10 +13,12 @@ its own envelope. Same rules as :mod:`receiver._verification.schemes` (secrets a
     Linear  sha256 of the payload but its timestamp   body "type" [+ "." + "action"]
 
 Paddle (https://developer.paddle.com/webhooks/signature-verification): the header may carry one
-``h1`` per secret while a secret is rotated; any may match. Paddle's SDKs allow 5 seconds of
-clock difference; the default here is the 5 minutes of every other scheme (``tolerance=5`` to
-match the SDKs). The id is the event's ``event_id``, the same on every retry and on a manual
-replay of the notification (``notification_id`` is per destination and per replay).
+``h1`` per secret while a secret is rotated; any may match. Any other element (another scheme,
+a space before a key, a second ``=``) fails the whole header, as in Paddle's SDKs (401).
+Paddle's SDKs allow 5 seconds of clock difference; the default here is the 5 minutes of every
+other scheme (``tolerance=5`` to match the SDKs). The id is the event's ``event_id``, the same
+on every retry and on a manual replay of the notification (``notification_id`` is per
+destination and per replay).
 
 Zoom (https://developers.zoom.us/docs/api/webhooks/#verify-webhook-events): Zoom sends no event
 id, so the id is the event name, its ``event_ts`` and the first 16 bytes of the body's SHA-256:
@@ -50,13 +52,13 @@ from .schemes import (
     _TOKEN,
     _digest,
     _header,
-    _hex_digest,
     _hint,
     _json_object,
     _TimedScheme,
     _timestamp,
     _token,
 )
+from .spelling import hex_digest
 from .verifier import MAX_SIGNATURE_ENTRIES, MAX_SIGNATURE_HEADER, VerifiedDelivery
 
 if TYPE_CHECKING:
@@ -91,15 +93,21 @@ class Paddle(_TimedScheme):
         stamp: str | None = None
         given: list[bytes] = []
         for element in value.split(";"):
-            key, _, item = element.strip().partition("=")
+            if "=" not in element:
+                continue  # as Paddle's SDKs do: an element without "=" is no element
+            key, _, item = element.partition("=")
             if key == "ts":
                 if stamp is not None:
                     raise MalformedRequest("timestamp", "Paddle-Signature has more than one ts=")
                 stamp = item
-            elif key == "h1":
-                digest = _hex_digest(item, "")
-                if digest is not None:  # an unknown or malformed entry is skipped
+            elif key == "h1" and "=" not in item:
+                digest = hex_digest(item, "")
+                if digest is not None:  # a malformed entry is skipped
                     given.append(digest)
+            else:
+                # Paddle's SDKs refuse the whole header for an element they do not know (a
+                # space before a key, a second "=", a scheme other than h1): so does this.
+                raise VerificationError("signature", "Paddle-Signature has an unknown element")
         if stamp is None:
             raise MalformedRequest("timestamp", "Paddle-Signature has no ts= timestamp")
         timestamp = _timestamp(stamp, "Paddle-Signature ts=")
@@ -128,7 +136,7 @@ class Zoom(_TimedScheme):
         if _ZOOM_STAMP.fullmatch(stamp) is None:
             raise MalformedRequest("timestamp", "x-zm-request-timestamp must be unix seconds")
         timestamp = int(stamp) // 1000 if len(stamp) == 13 else int(stamp)
-        digest = _hex_digest(value, "v0=")
+        digest = hex_digest(value, "v0=")
         if digest is None:
             raise MalformedRequest("signature", "x-zm-signature must be v0=<64 hex digits>")
         self._check_time(timestamp, now)
@@ -175,7 +183,7 @@ class Linear(_TimedScheme):
 
     def verify(self, headers: Headers, body: bytes, now: float) -> VerifiedDelivery:
         value = _header(headers, "linear-signature", "signature")
-        digest = _hex_digest(value, "")
+        digest = hex_digest(value, "")
         if digest is None:
             raise MalformedRequest("signature", "Linear-Signature must be 64 hex digits")
         self._verify((digest,), body)

@@ -29,7 +29,6 @@ are not supported: they fail as a forged signature would.
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 import re
@@ -41,6 +40,7 @@ import orjson
 
 from .._exceptions import ConfigurationError, MalformedRequest, VerificationError
 from .schemes import _TOKEN, _header, _hint, _key, _token
+from .spelling import NEVER, canonical_b64
 from .verifier import VerifiedDelivery
 
 if TYPE_CHECKING:
@@ -150,7 +150,8 @@ class Twilio:
         value = _header(headers, "x-twilio-signature", "signature")
         if _B64_20.fullmatch(value) is None:
             raise MalformedRequest("signature", "X-Twilio-Signature must be base64 of 20 bytes")
-        given = binascii.a2b_base64(value)
+        # Canonical only, as Twilio's SDKs compare the text: NEVER matches no signature.
+        given = canonical_b64(value.encode("ascii")) or NEVER
         is_json = headers.get("content-type", "").split(";")[0].strip().lower() == (
             "application/json"
         )

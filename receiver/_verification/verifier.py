@@ -4,13 +4,19 @@ The signed content is ``{webhook-id}.{webhook-timestamp}.{body}``. A ``webhook-s
 is a space-delimited list of ``v1,<base64 HMAC-SHA256>`` and ``v1a,<base64 ed25519>`` entries; one
 valid entry against one configured secret is enough, which is how senders rotate secrets.
 
+Svix, the reference sender, names the headers ``svix-id``, ``svix-timestamp`` and
+``svix-signature`` unless an account brands them: each field is read from either name, as Svix's
+libraries read it, and a field sent under both names with two different values is refused.
+
 Verification is total: for any headers and body, :meth:`StandardWebhooks.verify` returns a
 :class:`VerifiedDelivery` or raises :class:`~receiver._exceptions.VerificationError` (401) or its
 subclass :class:`~receiver._exceptions.MalformedRequest` (400). The ``check`` attribute of the
 error names what failed:
 
     missing_header:<name>     MalformedRequest   webhook-id, -timestamp or -signature absent/empty
-    duplicate_header:<name>   MalformedRequest   the header was sent more than once
+                                                 (svix-... when the delivery uses Svix's names)
+    duplicate_header:<name>   MalformedRequest   the header was sent more than once, or under
+                                                 both names (svix-id, webhook-id) with two values
     webhook_id                MalformedRequest   not 1-255 visible ASCII characters without "."
     timestamp                 MalformedRequest   not a plain decimal integer of at most 12 digits
     timestamp                 VerificationError  outside the tolerance ("too old" / "too new")
@@ -37,6 +43,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from receiver._exceptions import ConfigurationError, MalformedRequest, VerificationError
+from receiver._verification.spelling import canonical_b64
 
 if TYPE_CHECKING:
     from starlette.datastructures import Headers
@@ -68,7 +75,14 @@ _TIMESTAMP = re.compile(rb"0|[1-9][0-9]{0,11}")
 _V1_B64_LEN = 44
 _V1A_B64_LEN = 88
 
-_HEADER_KEYS = (b"webhook-id", b"webhook-timestamp", b"webhook-signature")
+_HEADER_KEYS = (
+    b"webhook-id",
+    b"webhook-timestamp",
+    b"webhook-signature",
+    b"svix-id",
+    b"svix-timestamp",
+    b"svix-signature",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,26 +231,27 @@ class StandardWebhooks:
         msg_id = found.get(b"webhook-id")
         timestamp = found.get(b"webhook-timestamp")
         signature = found.get(b"webhook-signature")
+        named = "webhook"
+        if b"svix-id" in found or b"svix-timestamp" in found or b"svix-signature" in found:
+            msg_id, timestamp, signature = _svix_names(found, msg_id, timestamp, signature)
+            named = "svix"  # a missing header is named as the sender names the others
         # An empty value carries nothing to check: treated as absent.
         if not msg_id:
-            raise MalformedRequest("missing_header:webhook-id", "webhook-id header is required")
+            raise _missing(named, "id")
         if not timestamp:
-            raise MalformedRequest(
-                "missing_header:webhook-timestamp", "webhook-timestamp header is required"
-            )
+            raise _missing(named, "timestamp")
         if not signature:
-            raise MalformedRequest(
-                "missing_header:webhook-signature", "webhook-signature header is required"
-            )
+            raise _missing(named, "signature")
         if _WEBHOOK_ID.fullmatch(msg_id) is None:
             raise MalformedRequest("webhook_id", "webhook-id must be 1-255 visible ASCII, no '.'")
         if _TIMESTAMP.fullmatch(timestamp) is None:
             raise MalformedRequest("timestamp", "webhook-timestamp must be integer unix seconds")
         if len(signature) > MAX_SIGNATURE_HEADER:
             raise MalformedRequest("signature", "webhook-signature header too long")
-        # The spec delimits entries with spaces; bytes.split() also drops empty entries from
-        # repeated spaces and tolerates tabs, neither of which can make a bad entry verify.
-        entries = signature.split()
+        # The spec delimits entries with single spaces, and the reference libraries split on
+        # " " alone: a tab or a comma between entries fails there, so it fails here too. Empty
+        # entries (repeated spaces) match nothing there and are dropped here.
+        entries = [entry for entry in signature.split(b" ") if entry]
         if not entries:
             raise MalformedRequest("signature", "webhook-signature lists no signatures")
         if len(entries) > MAX_SIGNATURE_ENTRIES:
@@ -254,7 +269,7 @@ class StandardWebhooks:
         for entry in entries:
             version, _, encoded = entry.partition(b",")
             if version == b"v1" and self._hmacs and len(encoded) == _V1_B64_LEN:
-                given = _canonical_b64(encoded)
+                given = canonical_b64(encoded)
                 if given is None:
                     continue
                 if expected is None:  # computed once, on the first v1 entry worth checking
@@ -269,7 +284,7 @@ class StandardWebhooks:
                     if hmac.compare_digest(digest, given):
                         return VerifiedDelivery(msg_id.decode("ascii"), ts)
             elif version == b"v1a" and self._ed25519 and len(encoded) == _V1A_B64_LEN:
-                given = _canonical_b64(encoded)
+                given = canonical_b64(encoded)
                 if given is None or len(given) != 64:
                     continue
                 if content is None:
@@ -285,15 +300,36 @@ class StandardWebhooks:
         raise VerificationError("signature", "no valid signature for the configured secrets")
 
 
-def _canonical_b64(encoded: bytes) -> bytes | None:
-    """The bytes ``encoded`` spells in strict, canonical base64, or None. The bits a last
-    character carries beyond the data must be zero: several spellings of one signature would
-    let a replayer vary the header, and the reference compares the text as signed."""
-    try:
-        decoded = binascii.a2b_base64(encoded, strict_mode=True)
-    except binascii.Error:
-        return None
-    return decoded if binascii.b2a_base64(decoded, newline=False) == encoded else None
+def _missing(named: str, field: str) -> MalformedRequest:
+    name = f"{named}-{field}"
+    return MalformedRequest(f"missing_header:{name}", f"{name} header is required")
+
+
+def _svix_names(
+    found: dict[bytes, bytes],
+    msg_id: bytes | None,
+    timestamp: bytes | None,
+    signature: bytes | None,
+) -> tuple[bytes | None, bytes | None, bytes | None]:
+    """The three values when Svix's own names are sent: ``svix-*`` is what Svix sends by
+    default (``webhook-*`` only when an account brands its headers), and its libraries read
+    each field from either name. Where both names of one field arrive with different values,
+    Svix's libraries take the ``svix-`` one silently; here it is refused (400
+    ``duplicate_header:webhook-<field>``), as a header sent twice is: anything else in front of
+    the receiver that reads the other name would see another id, time or signature."""
+    values = []
+    for ours, svix, name in (
+        (msg_id, found.get(b"svix-id"), "id"),
+        (timestamp, found.get(b"svix-timestamp"), "timestamp"),
+        (signature, found.get(b"svix-signature"), "signature"),
+    ):
+        if ours is not None and svix is not None and ours != svix:
+            raise MalformedRequest(
+                f"duplicate_header:webhook-{name}",
+                f"svix-{name} and webhook-{name} were both sent, with different values",
+            )
+        values.append(svix if svix is not None else ours)
+    return values[0], values[1], values[2]
 
 
 def _refuse_duplicates(raw: list[tuple[bytes, bytes]]) -> None:

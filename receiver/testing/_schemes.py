@@ -8,6 +8,7 @@ reads them:
 
     scheme             id (the ledger key)          type
     standard-webhooks  webhook-id header            body "type"
+    svix               svix-id header               body "type" (Svix's default header names)
     stripe             body "id"                    body "type"
     github             sha256 of the body           X-GitHub-Event [+ "." + body "action"]
     shopify            sha256 of the body           X-Shopify-Topic
@@ -60,6 +61,7 @@ Headers = list[tuple[str, str]]
 
 SCHEMES = (
     "standard-webhooks",
+    "svix",
     "stripe",
     "github",
     "shopify",
@@ -190,6 +192,14 @@ def _standard_headers(w: Webhook, body: bytes, ts: int, secret: str | bytes, url
     ]
 
 
+def _svix_headers(w: Webhook, body: bytes, ts: int, secret: str | bytes, url: str) -> Headers:
+    """Standard Webhooks as Svix sends it by default: the same signature, under Svix's names."""
+    return [
+        (name.replace("webhook-", "svix-"), value)
+        for name, value in _standard_headers(w, body, ts, secret, url)
+    ]
+
+
 def _github_body(id_: str, type_: str, data: Any, created: float) -> bytes:
     _, _, action = type_.partition(".")
     payload = {"id": id_, **(data or {})}
@@ -212,6 +222,9 @@ def _shopify_headers(w: Webhook, body: bytes, ts: int, secret: str | bytes, url:
         ("x-shopify-webhook-id", w.delivery_id),
         ("x-shopify-topic", w.type),
         ("x-shopify-triggered-at", _iso(ts)),
+        # Sent on every delivery; Shopify's library, and so the verifier, refuse one without.
+        ("x-shopify-shop-domain", "kit.myshopify.com"),
+        ("x-shopify-api-version", "2026-10"),
     ]
 
 
@@ -228,6 +241,12 @@ _ALL = {
         "msg_",
         lambda i, t, d, c: _json({"type": t, "timestamp": _iso(c), "data": d}),
         _standard_headers,
+    ),
+    "svix": Scheme(
+        "svix",
+        "msg_",
+        lambda i, t, d, c: _json({"type": t, "timestamp": _iso(c), "data": d}),
+        _svix_headers,
     ),
     "stripe": Scheme(
         "stripe",

@@ -99,7 +99,8 @@ class Sender:
     ``target`` is the user's :class:`~receiver.Receiver` (deliveries go through its ASGI app,
     in this process) or the base URL of a running one (``"http://127.0.0.1:8000/webhooks"``;
     each delivery is ``POST {url}/{provider}``). With a Receiver the scheme is read from the
-    provider's verifier; with a URL give ``scheme=`` (``"standard-webhooks"``, ``"stripe"``,
+    provider's verifier; with a URL give ``scheme=`` (``"standard-webhooks"``, ``"svix"``
+    (Standard Webhooks under Svix's default ``svix-*`` header names), ``"stripe"``,
     ``"github"``, ``"shopify"``, ``"slack"``, ``"paddle"``, ``"zoom"``, ``"linear"`` or
     ``"twilio"``). ``secret`` is the signing secret: a ``whsec_...`` (v1) or ``whsk_...`` (v1a)
     for Standard Webhooks, the Auth Token for Twilio, the shared secret otherwise. Twilio signs

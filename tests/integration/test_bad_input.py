@@ -654,6 +654,12 @@ def materialize(plan: Plan, webhook_id: str) -> tuple[Headers, list[bytes], bool
     # The separator decides whether a valid entry stands alone; only " " is the list delimiter.
     if accept and plan.separator != b" " and len(plan.entries) > 1:
         accept = None
+    # Svix's names for the same three fields: the same value again changes nothing, another
+    # value (or a second svix- header) is refused, 400 duplicate_header.
+    svix = {b"svix-id": id_value, b"svix-timestamp": ts_value, b"svix-signature": signature}
+    named = [(name, value) for name, value in plan.extra if name in svix]
+    if len({name for name, _ in named}) < len(named) or any(v != svix[n] for n, v in named):
+        accept = False
     return headers, chunks, accept
 
 

@@ -119,6 +119,8 @@ SCHEMES = [
             ("x-shopify-webhook-id", wid),
             ("x-shopify-topic", "orders/create"),
             ("x-shopify-triggered-at", iso(ts)),
+            ("x-shopify-shop-domain", "example.myshopify.com"),
+            ("x-shopify-api-version", "2026-10"),
         ],
         lambda _, body: body_key(body),
     ),
@@ -256,7 +258,14 @@ def malformed(scheme: Scheme, now: int) -> list[tuple[str, Pairs, bytes, int, st
         hex_signature = ("x-shopify-hmac-sha256", "ab" * 32)
         cases += [
             ("hex signature", [hex_signature, *good[1:]], body, 400, "signature"),
-            ("no topic", good[:2], body, 400, "missing_header:x-shopify-topic"),
+            ("no topic", [*good[:2], *good[3:]], body, 400, "missing_header:x-shopify-topic"),
+            (
+                "no shop domain",
+                [*good[:4], good[5]],
+                body,
+                400,
+                "missing_header:x-shopify-shop-domain",
+            ),
         ]
     else:
         form = b"token=xyz&command=%2Fweather&text=94070"

@@ -1,4 +1,5 @@
-"""The kit's sender signs as the providers' own libraries check: standardwebhooks (v1), stripe's
+"""The kit's sender signs as the providers' own libraries check: standardwebhooks (v1), svix
+(Svix's default header names), stripe's
 WebhookSignature, slack_sdk's SignatureVerifier, and GitHub's and Shopify's documented HMACs
 recomputed by hand. The receiver's verifiers are not the judge here."""
 
@@ -14,6 +15,7 @@ import orjson
 import pytest
 import standardwebhooks
 import stripe
+import svix
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from slack_sdk.signature import SignatureVerifier
@@ -33,6 +35,7 @@ async def test_reference_libraries_accept_the_kits_signatures(data: dict[str, ob
     clock = FakeClock(time.time())  # standardwebhooks checks the timestamp against real time
     for provider, secret, scheme in [
         ("acme", STANDARD, "standard-webhooks"),
+        ("acme", STANDARD, "svix"),
         ("stripe", STRIPE, "stripe"),
         ("github", GITHUB, "github"),
         ("shopify", SHOPIFY, "shopify"),
@@ -45,6 +48,10 @@ async def test_reference_libraries_accept_the_kits_signatures(data: dict[str, ob
         if scheme == "standard-webhooks":
             verified = standardwebhooks.Webhook(STANDARD).verify(body, headers)
             assert verified["type"] == "thing.happened"
+        elif scheme == "svix":
+            assert "webhook-id" not in headers
+            assert headers["svix-id"] == webhook.id
+            svix.Webhook(STANDARD).verify(body, headers)
         elif scheme == "stripe":
             assert stripe.WebhookSignature.verify_header(
                 body.decode(), headers["stripe-signature"], STRIPE, tolerance=None

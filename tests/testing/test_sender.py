@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 
 from receiver.testing import (
@@ -39,6 +40,41 @@ async def test_each_scheme_in_process(provider: str, kit_stores: TestStores) -> 
         assert assert_executed_once([first, *twins, again]) is first
         assert_replayed(first, [again])
         await assert_count(rx.store, 1, ROWS, provider, webhook.id)
+        await assert_nothing_in_flight(rx.store)
+
+
+async def test_svix_default_headers_are_one_delivery_however_named(kit_stores: TestStores) -> None:
+    """Svix sends svix-id, svix-timestamp and svix-signature unless the account brands them: the
+    Standard Webhooks provider runs such a delivery once, and its retries under either set of
+    names are the same delivery. Two different values under the two names are refused."""
+    secret, _, event_type = SENDERS["acme"]
+    clock = FakeClock()
+    rx = build(await kit_stores.fresh(clock), clock)
+    async with (
+        rx,
+        Sender(rx, "acme", secret, scheme="svix", clock=clock) as svix,
+        Sender(rx, "acme", secret, clock=clock) as branded,
+    ):
+        webhook = svix.event(event_type, {"order": "o-1"})
+        assert {name for name, _ in svix.headers(webhook)} >= {"svix-id", "svix-signature"}
+        first = await svix.send(webhook)
+        assert first.outcome == "executed", first
+        clock.advance(30)
+        twins = await svix.twins(webhook, 4)
+        again = await branded.send(webhook)  # the same message under the webhook- names
+        assert assert_executed_once([first, *twins, again]) is first
+        assert_replayed(first, [again])
+        await assert_count(rx.store, 1, ROWS, "acme", webhook.id)
+
+        other = svix.event(event_type, {"order": "o-2"})
+        body, headers = svix.attempt(other)
+        headers += [("webhook-id", "msg_elsewhere")]
+        transport = httpx.ASGITransport(app=rx)
+        async with httpx.AsyncClient(transport=transport, base_url="http://rx.test") as client:
+            response = await client.post("/acme", content=body, headers=headers)
+        assert response.status_code == 400
+        assert response.json()["error"] == "duplicate_header:webhook-id"
+        assert await count(rx.store, ROWS, "acme", other.id) == 0
         await assert_nothing_in_flight(rx.store)
 
 
