@@ -1,13 +1,10 @@
 """Every Python example of the docs (and of the README) runs: each page's blocks in order, in
-one fresh namespace and one event loop (a block may ``await`` at its top level), in a temporary
+one fresh namespace, as the lines of one file (no ``await`` outside a function), in a temporary
 directory, on the default SQLite store. A block that cannot run on its own is marked
 ``<!-- excerpt -->``."""
 
 from __future__ import annotations
 
-import ast
-import asyncio
-import inspect
 import os
 import sys
 from pathlib import Path
@@ -31,19 +28,15 @@ def write(path: Path, text: str) -> None:
 
 
 def run_page(page_blocks: list[Block]) -> dict[str, Any]:
+    """The page's blocks in order, in one namespace, as the reader runs them: each compiles as
+    part of a file (no ``await`` outside a function: a block that awaits says
+    ``asyncio.run(main())``, so it runs saved as a file too)."""
     namespace: dict[str, Any] = {"__name__": "__docs__"}
-
-    async def play() -> None:
-        for block in page_blocks:
-            if block.title:
-                write(Path(block.title), block.text)
-                continue
-            code = compile(block.text, block.where(), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-            result = eval(code, namespace)
-            if code.co_flags & inspect.CO_COROUTINE:
-                await result
-
-    asyncio.run(play())
+    for block in page_blocks:
+        if block.title:
+            write(Path(block.title), block.text)
+            continue
+        exec(compile(block.text, block.where(), "exec"), namespace)
     return namespace
 
 
@@ -68,3 +61,16 @@ def test_every_excerpt_mark_is_on_a_python_block() -> None:
     on_blocks = sum(1 for page in pages() for b in blocks(page) if b.excerpt)
     assert marked == on_blocks
     assert all(b.lang == "python" for page in pages() for b in blocks(page) if b.excerpt)
+
+
+def test_every_example_compiles_as_a_file() -> None:
+    """A block saved as a file runs: no ``await`` or ``async with`` outside a function."""
+    refused = []
+    for page in [*RUNNABLE, ROOT / "skills" / "receiver" / "SKILL.md"]:
+        for block in blocks(page):
+            if block.lang == "python" and not block.excerpt and not block.title:
+                try:
+                    compile(block.text, block.where(), "exec")
+                except SyntaxError as exc:
+                    refused.append(f"{block.where()}: {exc.msg}")
+    assert refused == []
