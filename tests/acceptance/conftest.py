@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,3 +20,13 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         asyncio.run(truncate(url))
         return url
     return f"sqlite:///{tmp_path}/r.db"
+
+
+@pytest.fixture
+def served() -> Iterator[list[subprocess.Popen[str]]]:
+    """The servers a test started as a user would (a shell command), stopped after it."""
+    servers: list[subprocess.Popen[str]] = []
+    yield servers
+    for server in servers:
+        server.terminate()
+        server.wait(timeout=10)

@@ -16,7 +16,6 @@ import tarfile
 import time
 import tomllib
 import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,11 +130,11 @@ class Command:
     expected: str
 
 
-def tutorial() -> tuple[dict[str, str], list[Command]]:
-    """The tutorial's files (its titled blocks) and its commands with their printed output."""
+def walk(page: Path = TUTORIAL) -> tuple[dict[str, str], list[Command]]:
+    """A page's files (its titled blocks) and its commands with their printed output."""
     files: dict[str, str] = {}
     commands: list[Command] = []
-    for block in blocks(TUTORIAL):
+    for block in blocks(page):
         if block.title:
             files[block.title] = block.text
         elif block.lang == "console":
@@ -145,22 +144,13 @@ def tutorial() -> tuple[dict[str, str], list[Command]]:
     return files, commands
 
 
-@pytest.fixture
-def served() -> Iterator[list[subprocess.Popen[str]]]:
-    servers: list[subprocess.Popen[str]] = []
-    yield servers
-    for server in servers:
-        server.terminate()
-        server.wait(timeout=10)
-
-
 def test_the_tutorial_runs_as_written_from_the_wheel(
     dist: Dist, tmp_path: Path, served: list[subprocess.Popen[str]]
 ) -> None:
     """Every command of the tutorial, in order, in a new directory outside the clone: the
     install (from the built wheel, the name's stand-in until it is published), the files it
     asks for, the server, each delivery's printed answer line for line, and the test."""
-    files, commands = tutorial()
+    files, commands = walk()
     assert set(files) == {"app.py", "pytest.ini", "test_app.py"}
     work = tmp_path / "tutorial"
     work.mkdir()
