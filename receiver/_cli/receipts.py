@@ -18,6 +18,7 @@ from .._exceptions import ReceiverError
 from .._ledger import keyed
 from .._ledger import receipts as ledger
 from .._ledger.receipts import Key, Receipt
+from .._queue import receipts as queue
 from .._store.base import Row
 from .._webhooks.replay import failed_keys
 from .bulk import bulk_command, wants_bulk
@@ -54,6 +55,9 @@ def inspect_command(args: argparse.Namespace) -> int:
     print(f"receipt      {args.provider}/{args.webhook_id}")
     print(f"kind         {_kind(provider, webhook_id)}")
     review = " - NEEDS REVIEW by a person" if keyed.needs_review(receipt) else ""
+    status = queue.rejected_status(receipt.state, receipt.last_error)
+    if status is not None:
+        review = f" - REJECTED BY ITS HANDLER (HTTP {status}; not retried)"
     print(f"state        {receipt.state.value} (fence {receipt.fence}){review}")
     print(f"event type   {receipt.event_type or '-'}")
     print(f"claimed at   {when(receipt.claimed_at)}")
@@ -67,7 +71,8 @@ def inspect_command(args: argparse.Namespace) -> int:
         print(f"  fence {attempt['fence']} at {when(attempt['failed_at'])}: {error}")
     if receipt.response is not None:
         r = receipt.response
-        print(f"response     {r.status} {r.content_type} ({len(r.body)} bytes)")
+        sent = " - the sender's answer, given when it was queued" if status is not None else ""
+        print(f"response     {r.status} {r.content_type} ({len(r.body)} bytes){sent}")
         print("  " + r.body[:2000].decode("utf-8", "replace"))
     return 0
 
@@ -89,8 +94,12 @@ def failed_command(args: argparse.Namespace) -> int:
         kind = {keyed.ACTION: "action", keyed.IDEMPOTENCY: "idempotency-key"}.get(
             keyed.namespace(row["provider"]) or "", "webhook"
         )
+        state = row["state"]
+        status = queue.rejected_status(state, row["last_error"])
+        if status is not None:
+            state = f"{state} (rejected by its handler: HTTP {status})"
         print(
-            f"{row['provider']}/{row['webhook_id']}  {row['state']}  kind={kind}  "
+            f"{row['provider']}/{row['webhook_id']}  {state}  kind={kind}  "
             f"type={row['event_type']}  attempts={row['attempts']}  "
             f"claimed={when(row['claimed_at'])}  {error}"
         )

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from .._queue import receipts as queue
 from . import charts
 from .html import Html, badge, duration, esc, link, table, url, when
 from .overview import RANGES, STATES, Overview
@@ -45,6 +46,8 @@ ATTENTION = {
 def state_badge(row: ReceiptRow) -> Html:
     if row.needs_review:
         return badge("needs review", "needs_review")
+    if queue.rejected_status(row.state, row.last_error) is not None:
+        return badge("rejected by handler", "failed")
     if row.stale:
         return badge("stale", "stale")
     return badge(row.state.replace("_", " "), row.state)
@@ -313,8 +316,9 @@ def attention(view: View, which: str, provider: str, page: Page, providers: Sequ
         params = {"list": which, "provider": provider, "after": page.next.encode()}
         pager = link(url(view.root, "/attention", params), "older →")
     hint = {
-        "failed": "Final failures: replay one once its cause is fixed (a queued one is queued "
-        "again for the workers).",
+        "failed": "Final failures, queued deliveries their handlers rejected with a 4xx among "
+        "them: replay one once its cause is fixed (a queued one is queued again for the "
+        "workers).",
         "needs_review": "An external effect may or may not have happened: check the outside "
         "system, then resolve it (reconciled by hand), store it as failed, or replay it.",
         "released": "Handlers failed and the claim was given back: the sender's next retry runs "

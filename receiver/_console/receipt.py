@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from .._ledger import keyed
 from .._ledger.receipts import Receipt, State
+from .._queue import receipts as queue
 from .._store.base import Row
 from .html import Html, badge, duration, esc, fields, form, link, table, url, when
 from .pages import View, idem_parts, receipt_href
@@ -36,9 +37,24 @@ def _state(receipt: Receipt) -> Html:
     text = badge(receipt.state.value.replace("_", " "), receipt.state.value)
     if keyed.needs_review(receipt):
         text += " " + badge("needs review", "needs_review")
+    status = queue.rejected_status(receipt.state, receipt.last_error)
+    if status is not None:
+        text += " " + badge(f"rejected by its handler: HTTP {status}", "failed")
     if stale(receipt):
         text += " " + badge("stale: lease ended", "stale")
     return text
+
+
+def _rejected_note(receipt: Receipt) -> Html:
+    """Over the stored answer of a queued delivery its handler rejected: that answer is the
+    sender's 202, not the handler's."""
+    status = queue.rejected_status(receipt.state, receipt.last_error)
+    if status is None:
+        return ""
+    return (
+        "<p class='hint'>The sender's answer, given when the delivery was queued. Its handler "
+        f"answered {esc(status)} (see the failed attempts), which the sender never saw.</p>"
+    )
 
 
 def stale(receipt: Receipt) -> bool:
@@ -177,13 +193,17 @@ def page(view: View, receipt: Receipt, attempts: Sequence[Row], audit: Sequence[
     if response is None:
         answer = "<p class='hint'>No stored answer (not finished).</p>"
     else:
-        answer = fields(
-            [
-                ("status", esc(response.status)),
-                ("content type", esc(response.content_type or "-")),
-                ("size", esc(f"{len(response.body)} bytes")),
-            ]
-        ) + _body(view, response.body, "stored answer")
+        answer = (
+            _rejected_note(receipt)
+            + fields(
+                [
+                    ("status", esc(response.status)),
+                    ("content type", esc(response.content_type or "-")),
+                    ("size", esc(f"{len(response.body)} bytes")),
+                ]
+            )
+            + _body(view, response.body, "stored answer")
+        )
     if receipt.request_body is None:
         payload = (
             "<p class='hint'>Not kept: a receipt keeps its payload only until it completes.</p>"

@@ -62,6 +62,7 @@ QUEUE_OUTCOMES = (
     "invalid_payload",
     "handler_failed",
     "dead_letter",
+    "handler_rejected",
     "lease_lost",
     "reconciled",
     "needs_review",

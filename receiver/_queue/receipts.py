@@ -123,6 +123,47 @@ async def retry(
         return True
 
 
+#: The kind of error a queued receipt keeps when its handlers answered a final 4xx (see
+#: :func:`reject`).
+REJECTED = "HandlerRejected"
+_REJECTED_PREFIX = f"{REJECTED}: the handler answered "
+
+
+def rejection(status: int) -> str:
+    """The error kept for a queued receipt whose handlers answered ``status`` (a final 4xx)."""
+    return (
+        f"{_REJECTED_PREFIX}{status}, a final answer: not retried (its sender was answered "
+        "202 when the delivery was queued)"
+    )
+
+
+def rejected_status(state: State | str, last_error: str | None) -> int | None:
+    """The status a failed queued receipt's handlers answered when they rejected it; None if
+    they did not (a dead letter, a receipt that needs review, any other state)."""
+    if state != State.FAILED or not last_error or not last_error.startswith(_REJECTED_PREFIX):
+        return None
+    digits = last_error[len(_REJECTED_PREFIX) :].partition(",")[0]
+    return int(digits) if digits.isdigit() else None
+
+
+async def reject(
+    conn: Connection, key: Key, fence: int, status: int, now: float | None, window: float
+) -> None:
+    """Finish a queued receipt whose handlers answered ``status``, a final 4xx, under ``fence``
+    and in the caller's transaction (the one of the handlers' writes, which commit with it, as
+    an inline final answer's do): failed at once, with no retry (the answer is final), the
+    stored 202 kept for every redelivery, and the handlers' status kept as the attempt's error,
+    since the sender, answered 202 long ago, never sees it. LeaseLost if a newer attempt owns
+    it, so that the caller's transaction rolls back."""
+    error = rejection(status)
+    row = await conn.run(
+        "queue_retry", key.provider, key.webhook_id, fence, error, now, 0.0, True, window
+    )
+    if row is None:
+        raise LeaseLost(f"fence {fence} of {key.provider}/{key.webhook_id} is stale")
+    await conn.run("record_attempt", key.provider, key.webhook_id, fence, now, error)
+
+
 async def reclaim(conn: Connection, claim: Claim, seen_fence: int) -> int | None:
     """Take over a queued receipt whose worker died or stalled (lease expired); the next fence,
     or None if another attempt took it first."""

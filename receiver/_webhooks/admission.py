@@ -13,8 +13,8 @@ measures, as deliveries finish:
   time (a burst of three on a store of one connection is no measure of a low rate), in
   half-second windows whose deliveries queued (took longer than ``alone``); the best such
   window, forgotten slowly (by half in about 15 s) while no delivery waits for a place;
-- ``latency``: how long deliveries take now (a moving average, for the budget and
-  ``Retry-After``).
+- ``latency``: how long deliveries take now (a moving average, for ``Retry-After``), and
+  the same per provider (for its sender's budget, below).
 
 The bound on deliveries in progress is what keeps the process saturated and no more:
 ``capacity * max(2 * alone, 20 ms)``, never below twice the pool size (see ``_IN_PROGRESS``).
@@ -43,8 +43,18 @@ ledger holds no trace of it, so the sender's retry runs it fresh.
 
 The budget: a sender hangs up after its timeout (Slack 3 s, Shopify 5 s, GitHub 10 s,
 receiver/_webhooks/senders.py). A delivery that has already waited so long that it cannot be
-finished within what is left (its wait plus the current latency) is not started either:
-nobody would read the answer.
+finished within what is left (its wait plus the time its provider's deliveries take now) is
+not started either: nobody would read the answer. The wait is what is judged, never the
+handlers' speed alone, since a refusal can only bring an answer sooner when the delivery has
+waited. So each provider is judged on its own deliveries (another provider's slow handlers
+say nothing of how long this one's take), and its measure counts at most its sender's limit
+less the answer's margin (:func:`.handoff.margin`): a delivery that has barely waited is
+always started, however slow the provider's last deliveries were. Refused, it would leave the
+measure where it is, and every later delivery of the provider (its sender's retries included)
+would be refused on the same measure, for as long as the process lives. For the same reason a
+provider's measure is forgotten (by half every :data:`_FORGET_HALF_LIFE` seconds) while none
+of its deliveries finishes for longer than one takes: deliveries that have all waited a
+little, refused one after another, cannot bring it down themselves.
 
 Durations are measured with the process's monotonic clock, never the ledger's: they are this
 process's own work.
@@ -63,6 +73,7 @@ from dataclasses import dataclass
 from .._exceptions import ConfigurationError
 from .._ledger.responses import error
 from .._ops.metrics import SHED_REASONS
+from .handoff import margin
 from .outcomes import Outcome, Reply
 
 #: The default wait an admitted delivery may face beyond its own work (seconds): well inside
@@ -90,6 +101,9 @@ _FORGET = 0.023
 #: A window measures the capacity only where its deliveries queued: took this many times as
 #: long as one alone (a handler that is slow by itself is no queue).
 _QUEUED = 1.1
+#: A provider's latency is forgotten by half every this many seconds in which none of its
+#: deliveries finished (beyond the time one takes), so that refusals alone never keep it up.
+_FORGET_HALF_LIFE = 5.0
 
 
 #: A delivery waiting for a place: since when, its body's size, and the future it waits on.
@@ -98,10 +112,21 @@ _Waiting = tuple[float, int, "asyncio.Future[None]"]
 
 @dataclass(slots=True)
 class Ticket:
-    """One admitted delivery: when it was admitted, and how many were in progress then."""
+    """One admitted delivery: when it was admitted, how many were in progress then, and its
+    provider (None: not a provider's delivery)."""
 
     admitted: float
     ahead: int
+    provider: str | None = None
+
+
+@dataclass(slots=True)
+class _Latency:
+    """How long one provider's deliveries take now (a moving average), and when the last one
+    finished."""
+
+    seconds: float
+    at: float
 
 
 class Admission:
@@ -140,6 +165,8 @@ class Admission:
         self.in_progress = 0
         #: Seconds a delivery takes now, and when nothing queues (None until one finished).
         self.latency: float | None = None
+        #: Per provider, how long its deliveries take now (its sender's budget).
+        self._latencies: dict[str, _Latency] = {}
         self.alone: float | None = None
         #: The most deliveries finished per second lately (None until a window has passed).
         self.capacity: float | None = None
@@ -191,11 +218,13 @@ class Admission:
             and len(self._waiting) >= self.max_waiting
         )
 
-    async def admit(self, patience: float, size: int = 0) -> Ticket | None:
-        """Admit one delivery of a body of ``size`` bytes, waiting up to ``patience`` seconds
-        for a place when the process is at its bound (see the module's docstring for which of
-        those waiting a freed place goes to); None: shed it."""
-        ticket = self.enter()
+    async def admit(
+        self, patience: float, size: int = 0, provider: str | None = None
+    ) -> Ticket | None:
+        """Admit one delivery of ``provider`` with a body of ``size`` bytes, waiting up to
+        ``patience`` seconds for a place when the process is at its bound (see the module's
+        docstring for which of those waiting a freed place goes to); None: shed it."""
+        ticket = self.enter(provider)
         if (
             ticket is not None
             or patience <= 0
@@ -226,17 +255,17 @@ class Admission:
         # leave() counted this delivery in when it handed it the place.
         now = self.clock()
         self._second(now)[0] += 1
-        return Ticket(now, self.in_progress - 1)
+        return Ticket(now, self.in_progress - 1, provider)
 
-    def enter(self) -> Ticket | None:
-        """Admit one delivery (a ticket to hand back to :meth:`leave`), or None: past the bound,
-        shed it."""
+    def enter(self, provider: str | None = None) -> Ticket | None:
+        """Admit one delivery of ``provider`` (a ticket to hand back to :meth:`leave`), or None:
+        past the bound, shed it."""
         if self.enabled and self.in_progress >= self.bound:
             return None
         now = self.clock()
         self._count_in(now)
         self._second(now)[0] += 1
-        return Ticket(now, self.in_progress - 1)
+        return Ticket(now, self.in_progress - 1, provider)
 
     def _count_in(self, now: float) -> None:
         self.in_progress += 1
@@ -261,6 +290,13 @@ class Admission:
         self.latency = (
             took if self.latency is None else self.latency + _ALPHA * (took - self.latency)
         )
+        if ticket.provider is not None:
+            mine = self._latencies.get(ticket.provider)
+            if mine is None:
+                self._latencies[ticket.provider] = _Latency(took, now)
+            else:
+                left = self._forgotten(mine, now)
+                mine.seconds, mine.at = left + _ALPHA * (took - left), now
         self._window_count += 1
         self._window_took += took
         self._busy_count += busy
@@ -314,12 +350,28 @@ class Admission:
         self._window_start, self._window_count, self._window_took = now, 0, 0.0
         self._busy_count, self._busy_time = 0, 0.0
 
-    def past_budget(self, waited: float, budget: float | None) -> bool:
-        """Whether a delivery that has waited ``waited`` seconds can no longer be answered
-        within its sender's ``budget`` (None: the sender's limit is unknown)."""
+    def expected(self, provider: str | None) -> float:
+        """Seconds a delivery of ``provider`` takes now, as its own deliveries measured it
+        (forgotten while none finishes; 0 before the first)."""
+        mine = None if provider is None else self._latencies.get(provider)
+        return 0.0 if mine is None else self._forgotten(mine, self.clock())
+
+    @staticmethod
+    def _forgotten(latency: _Latency, now: float) -> float:
+        """The measure, less what is forgotten of it: nothing while a delivery started after
+        the last one finished may still be running, by half every half-life after that."""
+        idle = max(0.0, now - latency.at - latency.seconds)
+        return latency.seconds * math.pow(0.5, idle / _FORGET_HALF_LIFE)
+
+    def past_budget(self, waited: float, budget: float | None, provider: str | None = None) -> bool:
+        """Whether a delivery of ``provider`` that has waited ``waited`` seconds can no longer
+        be answered within its sender's ``budget`` (None: the sender's limit is unknown): its
+        wait plus what the provider's deliveries take now, counted at most up to the limit
+        less the answer's margin, so that one that has barely waited is always started."""
         if budget is None or not self.enabled:
             return False
-        return waited + (self.latency or 0.0) > budget
+        work = min(self.expected(provider), max(0.0, budget - margin(budget)))
+        return waited + work > budget
 
     def retry_after(self, cap: int) -> int:
         """Seconds to wait before a retry: how long deliveries take now, at least 1, at most

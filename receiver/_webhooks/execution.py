@@ -51,6 +51,7 @@ from .outcomes import (
     final_answer,
 )
 from .providers import Provider
+from .rejections import complete_queued, counted, rejected
 from .tracing import handler_span
 
 logger = get_logger("receiver")
@@ -129,6 +130,10 @@ class Execution:
         stored 202), batched like :meth:`_complete` where the store batches."""
         if job.queued is None:
             await self.shared.complete(job.claim.key, fence, stored, state)
+            return
+        if state is State.COMPLETED and rejected(job, stored):
+            async with self.store.acquire() as conn, conn.transaction():
+                await complete_queued(conn, job, fence, stored, self.store.now())
             return
         await self._queue_done.complete(job.claim.key, fence, state, job.queued.window)
 
@@ -289,9 +294,7 @@ class Execution:
                     self.wrote[identity(handlers)] = tx.in_transaction
                     stored = final_answer(answer or encode(result, self.encoder), key)
                     if tx.in_transaction and job.queued is not None:
-                        await queue.complete(
-                            tx, key, fence, State.COMPLETED, self.store.now(), job.queued.window
-                        )
+                        await complete_queued(tx, job, fence, stored, self.store.now())
                     elif tx.in_transaction:
                         # The handlers wrote: their writes and the fenced completion commit
                         # together, or not at all.
@@ -337,7 +340,9 @@ class Execution:
         if failure is not None:
             return await self._give_back(job, fence, failure)
         self._remember(job, stored)
-        outcome = Outcome.EXECUTED if answer is None else Outcome.RECONCILED
+        outcome = counted(
+            job, fence, stored, Outcome.EXECUTED if answer is None else Outcome.RECONCILED
+        )
         return Reply(replay(stored, replayed=False), outcome, fence)
 
     async def _call(self, handlers: Sequence[Handler], event: Event, conn: Connection) -> Any:

@@ -30,6 +30,7 @@ from .execution import Execution
 from .jobs import Job, event_for, identity, may_share
 from .outcomes import Outcome, Reply, final_answer
 from .providers import Provider
+from .rejections import complete_queued, counted, rejected
 
 
 class Groups:
@@ -312,18 +313,30 @@ class Groups:
                 for (job, fence), answer in zip(ran, answers, strict=True)
             ]
             return await ledger.complete_many(tx, completions, now)
-        done = [
-            queue.Done(job.claim.key, fence, State.COMPLETED, _queue_window(job))
-            for job, fence in ran
-        ]
-        return await queue.complete_many(tx, done, now)
+        held = [True] * len(ran)
+        done: list[tuple[int, queue.Done]] = []
+        for i, ((job, fence), answer) in enumerate(zip(ran, answers, strict=True)):
+            if rejected(job, answer):  # a final 4xx: few, each a statement of its own
+                try:
+                    await complete_queued(tx, job, fence, answer, now)
+                except LeaseLost:
+                    held[i] = False
+            else:
+                done.append(
+                    (i, queue.Done(job.claim.key, fence, State.COMPLETED, _queue_window(job)))
+                )
+        completed = await queue.complete_many(tx, [d for _, d in done], now) if done else []
+        for (i, _), ok in zip(done, completed, strict=True):
+            held[i] = ok
+        return held
 
     def _executed(self, job: Job, fence: int, answer: StoredResponse) -> Reply:
         """A member's reply once its completion stands: an inline delivery's stored answer
         (remembered for replays, as alone); for a queued receipt, what the worker counts (the
         sender's answer, the 202, is stored)."""
         if job.queued is not None:
-            return Reply(replay(queue.QUEUED, replayed=False), Outcome.EXECUTED, fence)
+            outcome = counted(job, fence, answer, Outcome.EXECUTED)
+            return Reply(replay(queue.QUEUED, replayed=False), outcome, fence)
         self.steps._remember(job, answer)
         return Reply(replay(answer, replayed=False), Outcome.EXECUTED, fence)
 

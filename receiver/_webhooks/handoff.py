@@ -35,9 +35,14 @@ MARGIN_SHARE = 0.1
 GRACE = 30.0
 
 
+def margin(timeout: float) -> float:
+    """Seconds kept back from a sender's limit of ``timeout`` for the answer to reach it."""
+    return max(MARGIN, MARGIN_SHARE * timeout)
+
+
 def budget(timeout: float, waited: float) -> float:
     """Seconds a delivery that has waited ``waited`` may still run before it is handed off."""
-    return max(0.0, timeout - waited - max(MARGIN, MARGIN_SHARE * timeout))
+    return max(0.0, timeout - waited - margin(timeout))
 
 
 class Handoffs:

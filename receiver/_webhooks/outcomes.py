@@ -38,6 +38,8 @@ class Outcome(enum.StrEnum):
     STORE_UNAVAILABLE = "store_unavailable"
     QUEUED = "queued"  # recorded for the workers and answered 202 (queued mode)
     DEAD_LETTER = "dead_letter"  # a queued receipt's last attempt failed (workers only)
+    # A queued receipt's handlers answered a final 4xx: failed, not retried (workers only).
+    HANDLER_REJECTED = "handler_rejected"
     SHED = "shed"  # answered 503 (or 429) under load before anything was claimed
     HANDED_OFF = "handed_off"  # answered 202 at the sender's limit, finishing in the background
 

@@ -142,15 +142,17 @@ class Serving(Lifecycle):
         # What the metrics and the log report is the time from arrival to answer, the wait for
         # a place included: under a flood, that wait is most of what the sender sees.
         since = started if arrived is None else arrived
-        if admission.past_budget(waited, provider.timeout):
+        name = provider.name
+        if admission.past_budget(waited, provider.timeout, name):
             return self._shed(provider, headers, "past_budget", since)
         # Past the bound, wait for a place while the sender's budget lasts, leaving the time the
-        # delivery takes now and the answer's margin (receiver/_webhooks/admission.py: held,
-        # the request is the flood's brake; refused, the sender's next would come at once).
+        # provider's deliveries take now and the answer's margin (receiver/_webhooks/
+        # admission.py: held, the request is the flood's brake; refused, the sender's next
+        # would come at once).
         patience = admission.max_wait
         if provider.timeout is not None:
-            patience = budget(provider.timeout, waited) - (admission.latency or 0.0)
-        ticket = await admission.admit(patience, len(body))
+            patience = budget(provider.timeout, waited) - admission.expected(name)
+        ticket = await admission.admit(patience, len(body), name)
         if ticket is None:
             return self._shed(provider, headers, "overloaded", since)
         if provider.handoff and provider.timeout is not None and provider.mode == "inline":

@@ -245,3 +245,44 @@ async def test_the_wait_for_a_place_counts_in_the_reported_duration(
         if getattr(r, "outcome", None) == "executed"
     }
     assert logged[id2] >= 400
+
+
+async def test_after_a_slow_spell_each_provider_is_admitted_again_by_itself(
+    pg_store: PostgresStore, pg_url: str
+) -> None:
+    # Real short limits (1 s; the answer's margin is 0.5 s): one delivery of "chat" slower than
+    # its sender's limit, then normal traffic. No restart: "chat" is admitted again at once
+    # (a delivery that has not waited is always started) and, as its deliveries are fast
+    # again, even after a wait; "hub" is judged on its own deliveries throughout.
+    rx = Receiver(
+        pg_store,
+        [Provider("chat", [SECRET], timeout=1.0), Provider("hub", [SECRET], timeout=1.0)],
+        sweep_interval=None,
+    )
+    slow = {"msg_spell_000"}
+    ran: Counter[str] = Counter()
+
+    @rx.on("order.created")
+    async def record(event: Event, tx: Connection) -> Any:
+        ran[event.id] += 1
+        if event.id in slow:
+            await asyncio.sleep(1.3)
+        return {"id": event.id}
+
+    async def send(provider: str, n: int, waited: float = 0.0) -> int:
+        webhook_id = f"msg_spell_{n:03d}"
+        body = body_of(order=webhook_id)
+        answer = await rx.deliver(provider, signed(webhook_id, body), body, waited=waited)
+        return answer.status_code
+
+    async with rx:
+        assert await send("chat", 0) == 200  # 1.3 s: past its sender's 1 s
+        assert await send("chat", 1) == 200  # not waited: started, however slow the last
+        assert await send("hub", 2, waited=0.3) == 200  # another provider: its own budget
+        assert await send("chat", 3, waited=0.6) == 503  # slow and waited: not in time
+        for n in range(4, 40):  # normal traffic
+            assert await send("chat", n) == 200
+        assert await send("chat", 40, waited=0.6) == 200  # fast again: in time after a wait
+    assert rx.admission.shed_total == {"overloaded": 0, "past_budget": 1}
+    assert "msg_spell_003" not in await ledger_ids(pg_url)
+    assert ran == Counter({f"msg_spell_{n:03d}": 1 for n in range(41) if n != 3})

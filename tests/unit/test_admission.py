@@ -263,15 +263,73 @@ def test_a_delivery_is_past_its_budget_when_it_cannot_finish_in_time() -> None:
     admission = Admission(pool=1, clock=clock)
     assert not admission.past_budget(2.9, 3.0)  # nothing measured: only the wait counts
     assert admission.past_budget(3.1, 3.0)
-    run(admission, clock, 0.5, 1)
-    assert admission.past_budget(2.6, 3.0)  # 2.6 s waited + 0.5 s of work > 3 s
-    assert not admission.past_budget(2.4, 3.0)
+    deliveries(admission, clock, "chat", 0.5, 1)
+    assert admission.past_budget(2.6, 3.0, "chat")  # 2.6 s waited + 0.5 s of work > 3 s
+    assert not admission.past_budget(2.4, 3.0, "chat")
     assert not admission.past_budget(1e9, None)  # no known limit
     assert admission.retry_after(5) == 1
     for _ in range(100):
         run(admission, clock, 20.0, 1)
     assert admission.retry_after(5) == 5
     assert admission.retry_after(30) == 20  # from how long the work takes, capped
+
+
+def deliveries(admission: Admission, clock: Clock, provider: str, took: float, n: int) -> None:
+    """``n`` deliveries of ``provider``, one after another, each ``took`` seconds long."""
+    for _ in range(n):
+        ticket = admission.enter(provider)
+        assert ticket is not None
+        clock.now += took
+        admission.leave(ticket)
+
+
+def test_after_a_slow_spell_a_provider_recovers_by_itself() -> None:
+    # Slack's 3 s: a slow spell of deliveries of 3.5 s each takes the provider's measure past
+    # its sender's limit. A delivery that has not waited is still started (refused, it would
+    # keep the measure there), and normal traffic brings the measure back down.
+    clock = Clock()
+    admission = Admission(pool=4, clock=clock)
+    deliveries(admission, clock, "chat", 3.5, 20)
+    assert admission.expected("chat") == pytest.approx(3.5)
+    assert not admission.past_budget(0.0, 3.0, "chat")
+    assert not admission.past_budget(0.4, 3.0, "chat")  # within the answer's margin (0.5 s)
+    assert admission.past_budget(0.6, 3.0, "chat")  # slow, and waited: it cannot be in time
+    deliveries(admission, clock, "chat", 0.01, 100)  # normal traffic again
+    assert admission.expected("chat") < 0.05
+    assert not admission.past_budget(2.0, 3.0, "chat")
+    assert admission.past_budget(3.1, 3.0, "chat")  # the limit itself still counts
+
+
+def test_a_slow_providers_measure_is_forgotten_while_none_of_its_deliveries_finishes() -> None:
+    # Deliveries that have all waited a little are refused one after another; no delivery
+    # finishes to bring the measure down, so time does.
+    clock = Clock()
+    admission = Admission(pool=4, clock=clock)
+    deliveries(admission, clock, "chat", 3.5, 20)
+    assert admission.past_budget(1.0, 3.0, "chat")
+    clock.now += 3.5  # a delivery started since may still be running: nothing is forgotten
+    assert admission.expected("chat") == pytest.approx(3.5)
+    clock.now += 5.0  # then half of it
+    assert admission.expected("chat") == pytest.approx(1.75)
+    assert admission.past_budget(1.5, 3.0, "chat")
+    clock.now += 5.0
+    assert not admission.past_budget(1.5, 3.0, "chat")
+    ticket = admission.enter("chat")  # one admitted: it goes on from what is left
+    assert ticket is not None
+    clock.now += 0.01
+    admission.leave(ticket)
+    assert admission.expected("chat") == pytest.approx(0.875 * 0.95 + 0.05 * 0.01, rel=0.01)
+
+
+def test_one_providers_slow_deliveries_do_not_shed_anothers() -> None:
+    clock = Clock()
+    admission = Admission(pool=4, clock=clock)
+    deliveries(admission, clock, "hub", 0.05, 20)
+    deliveries(admission, clock, "chat", 3.5, 20)
+    assert admission.past_budget(1.0, 3.0, "chat")
+    assert not admission.past_budget(1.0, 3.0, "hub")  # its own deliveries are fast
+    assert not admission.past_budget(2.9, 3.0, "new")  # nothing measured: only the wait counts
+    assert admission.past_budget(3.1, 3.0, "new")
 
 
 def test_a_bound_of_0_admits_everything() -> None:

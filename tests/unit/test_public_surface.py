@@ -284,6 +284,7 @@ def test_the_outcomes_are_pinned() -> None:
         "STORE_UNAVAILABLE": "store_unavailable",
         "QUEUED": "queued",
         "DEAD_LETTER": "dead_letter",
+        "HANDLER_REJECTED": "handler_rejected",
         "SHED": "shed",
         "HANDED_OFF": "handed_off",
     }
