@@ -14,14 +14,17 @@ that the ledger owns.
   back to the workers, an inline delivery runs through the pipeline). A runner that dies leaves
   its lease to run out; the next console (or ``receiver replay --job``) takes the job over and
   goes on from the first item not done. Cancelling stops the job between two items.
-- **Exactly once**: an item is marked ``started`` before its replay (with its batch) and
-  ``done`` with the outcome after it (with the others done in the last half second). An item
-  found ``started`` after a crash is judged from its receipt: still at the snapshotted fence,
-  it never ran (replay it); one fence on and completed, failed again or queued, its replay
-  happened (record what it did); one fence on and in flight with its lease run out, the
-  attempt died before committing (replay it: the handlers' work rolled back with it); in
-  flight with a live lease, wait. A pending item whose receipt moved on (a sender's retry,
-  another operator) is skipped as ``changed``.
+- **Exactly once**: an item is marked ``started`` just before its replay begins (each on its
+  own, not with the batch it was read in: the items a crashed runner never reached stay
+  ``pending``) and ``done`` with the outcome after it (with the others done in the last half
+  second). An item found ``started`` after a crash is judged from its receipt: still at the
+  snapshotted fence, it never ran (replay it); one fence on and completed, failed again or
+  queued, its replay happened (record what it did); one fence on and in flight with its lease
+  run out, the attempt died before finishing: the replay reconciles it (transactional
+  handlers' work rolled back with it and runs again; an external handler's ``reconcile()``
+  decides, or the delivery is held for review: it is never run again blindly); in flight with
+  a live lease, wait. A pending item whose receipt moved on (a sender's retry, another
+  operator) is skipped as ``changed``, never counted as what the job did.
 - **Audit**: one row for the job (action ``bulk replay``), its outcome ``done`` or
   ``cancelled`` and the counts per outcome when it ends.
 """
@@ -306,9 +309,10 @@ class Runner:
         """Run ``job`` while this runner holds it: its final state (``done``, ``cancelled``), or
         None if another runner holds it (or took it over).
 
-        Items go in batches: a batch is marked started in one statement, and the outcomes are
-        written together (with the job's progress) every ``FLUSH`` seconds, so that the runner
-        adds two writes per batch, not per delivery, to the replays themselves."""
+        Items are read in batches; each is marked started in the statement just before its
+        replay (so that after a crash the items not reached are still pending), and the
+        outcomes are written together (with the job's progress) every ``FLUSH`` seconds: the
+        runner adds one write per delivery to the replay's own, and one per flush."""
         rate = await self._lease(job)
         if rate is None:
             return None
@@ -319,9 +323,6 @@ class Runner:
             while True:
                 async with self.store.acquire() as conn:
                     items = await conn.run_all("bulk_items_next", job, BATCH)
-                    if items:
-                        first, last = items[0]["seq"], items[-1]["seq"]
-                        await conn.run("bulk_items_started", job, first, last)
                 if not items:
                     return await self._finish(job)
                 waiting = 0
@@ -406,6 +407,11 @@ class Runner:
         if receipt is None:
             outcome = "gone"
         elif receipt.fence == fence and receipt.state in (State.RELEASED, State.FAILED):
+            if not started:
+                # Marked before the replay can claim it: after a crash, an item still pending
+                # was never reached, and whatever moved its receipt on was not this job.
+                async with self.store.acquire() as conn:
+                    await conn.run("bulk_item_started", job, item["seq"])
             outcome = await self._replay(key)
         elif not started:
             outcome = "changed"  # a sender's retry or another operator got there first
@@ -418,7 +424,8 @@ class Runner:
         elif receipt.state is State.IN_FLIGHT and receipt.lease_until > receipt.now:
             return None  # the interrupted attempt's lease still runs (or it is alive)
         elif receipt.state is State.IN_FLIGHT:
-            outcome = await self._replay(key)  # died before committing
+            # Died before finishing: the replay reconciles an external attempt, never re-runs it.
+            outcome = await self._replay(key)
         else:
             outcome = "failed again"
         return outcome

@@ -286,7 +286,9 @@ class Receiver(Serving):
 
     async def replay(self, provider: str, webhook_id: str) -> Reply:
         """Run a stored failed, released or stale delivery again through the claim and fence
-        path (``receiver replay``). Raises ReplayRefused for a completed, live or unknown one."""
+        path (``receiver replay``); a stale one with external handlers is reconciled (or held
+        for review), never run again blindly. Raises ReplayRefused for a completed, live or
+        unknown one."""
         return await replay(self, provider, webhook_id)
 
     async def enqueue_many(

@@ -166,8 +166,11 @@ class Groups:
           it, run again, and the ones after it go on in the next group;
         - a member whose fence went stale (a newer attempt owns it) is lease lost, and the
           others run again;
-        - when the failure is not one member's (the connection broke, or a handler swallowed
-          a database error that aborted the transaction), each member runs again on its own;
+        - when the failure is not one member's (the connection broke, a handler swallowed a
+          database error that aborted the transaction, or the server aborted the group as a
+          deadlock victim or for a serialization failure: the group held its members' row
+          locks together, where alone each would have committed and let go of its own), each
+          member runs again on its own, charged nothing;
         - if the COMMIT itself fails, whether it happened is unknown: the members stay in
           flight for the stale recovery, as a lone attempt's do.
 
@@ -265,7 +268,7 @@ class Groups:
             job, fence = ran[-1]
             cause = failed.__cause__
             assert isinstance(cause, Exception)
-            if isinstance(cause, StoreUnavailable) or _aborted_before(cause):
+            if isinstance(cause, StoreUnavailable) or _not_its_own(cause):
                 return [None] * len(ran)
             answered: list[Reply | Exception | None] = [None] * (len(ran) - 1)
             return [*answered, await self.steps._give_back(job, fence, cause)]
@@ -437,11 +440,19 @@ def _may_share(job: Job) -> bool:
     return job.parsed.problem is None and may_share(job.handlers)
 
 
-def _aborted_before(exc: BaseException) -> bool:
-    """Whether a statement failed because the transaction was already aborted (SQLSTATE 25P02):
-    an earlier member swallowed a database error, so this member's failure is not its own.
-    The whole chain is read (``__cause__`` and ``__context__``): a handler that wraps the
-    driver's error in its own (``raise MyError(...) from exc``) did not cause it either."""
+#: SQLSTATEs that make a member's failure not its own: in_failed_sql_transaction (an earlier
+#: member swallowed a database error, and this statement found the transaction aborted);
+#: deadlock_detected and serialization_failure (the server chose the group's transaction as
+#: the one to abort: a group holds all its members' row locks until its one COMMIT, so two
+#: groups can wait for each other where the same deliveries alone would not).
+_NOT_ITS_OWN = frozenset({"25P02", "40P01", "40001"})
+
+
+def _not_its_own(exc: BaseException) -> bool:
+    """Whether a member's statement failed for a reason of the group's (:data:`_NOT_ITS_OWN`),
+    not of its own handler. The whole chain is read (``__cause__`` and ``__context__``): a
+    handler that wraps the driver's error in its own (``raise MyError(...) from exc``) did not
+    cause it either."""
     seen: set[int] = set()
     pending: list[BaseException] = [exc]
     while pending:
@@ -449,7 +460,7 @@ def _aborted_before(exc: BaseException) -> bool:
         if id(current) in seen:
             continue  # a cycle of causes
         seen.add(id(current))
-        if getattr(current, "sqlstate", None) == "25P02":
+        if getattr(current, "sqlstate", None) in _NOT_ITS_OWN:
             return True
         pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
     return False

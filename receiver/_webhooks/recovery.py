@@ -36,10 +36,11 @@ class Recovery:
     ) -> Reply | None:
         """Run a stored delivery again under the next fence, as a redelivery would: the
         sweeper's recovery of a stale in-flight receipt (external handlers are reconciled,
-        never re-run blindly), or with ``reconcile=False`` an operator's dead-letter replay of a
-        released, lease-expired or reopened receipt (external handlers run again too: the
-        operator asked). None if another attempt took the receipt over first, or if this
-        process is still running it (its lease ran out, but the attempt is alive)."""
+        never re-run blindly; an operator's replay of one is reconciled too), or with
+        ``reconcile=False`` an operator's dead-letter replay of a released or reopened receipt
+        (external handlers run again too: the operator asked). None if another attempt took the
+        receipt over first, or if this process is still running it (its lease ran out, but the
+        attempt is alive)."""
         running = self.steps._running.get(receipt.key)
         if running is not None and running.lease_until > self.steps.clock():
             return None

@@ -13,9 +13,16 @@ claim), or whose attempt died (in flight, lease expired) can be run again by an 
 - a ``failed`` queued receipt (a dead letter) is instead made due again, with a fresh round of
   attempts, for the workers (the ``queue_reopen`` statement, fenced).
 
-External handlers run again too: replaying is the operator's decision, taken after looking at
-the outside system (which is what ``needs_review`` asks for). A completed receipt is never
-replayed: its effects committed once, and its stored answer is what every redelivery gets.
+External handlers of a ``released`` or ``failed`` receipt run again too: replaying is the
+operator's decision, taken after looking at the outside system (which is what
+``needs_review`` asks for). An external attempt still in flight (its lease ran out, or its
+reconcile failed) is another matter: it may be acting outside right now, or may have acted
+before its process died, and nobody has looked. Its replay reconciles it, as the sweeper
+would: each external handler's ``reconcile()`` decides, or without one the receipt is held
+for review (``failed``, which the operator then replays once they have looked). That holds
+for every caller of :func:`replay`: ``receiver replay``, the console, and a bulk replay job
+taken over after its runner died. A completed receipt is never replayed: its effects
+committed once, and its stored answer is what every redelivery gets.
 """
 
 from __future__ import annotations
@@ -82,8 +89,10 @@ async def replay(rx: Receiver, provider_name: str, webhook_id: str) -> Reply:
             if reopened is None:
                 raise ReplayRefused(f"{_name(key)} changed while being reopened: look again")
             receipt = dataclasses.replace(receipt, state=State.RELEASED)
-    reply = await rx.pipeline.recover(provider, receipt, reconcile=False)
-    if reply is None:
+    # In flight means an attempt began and never finished: never run an external one blindly.
+    interrupted = receipt.state is State.IN_FLIGHT
+    reply = await rx.pipeline.recover(provider, receipt, reconcile=interrupted)
+    if reply is None or reply.outcome is Outcome.IN_FLIGHT:
         raise ReplayRefused(
             f"{_name(key)} was taken over by another attempt (a redelivery or the sweeper) "
             "before the replay could claim it"

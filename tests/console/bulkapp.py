@@ -2,7 +2,8 @@
 ``receiver console --app tests.console.bulkapp:rx`` (its store from RECEIVER_BULK_STORE): an
 order handler that records each run in the handlers' transaction (so a run counts only if it
 committed with its receipt) and fails while the ``bulk_switch`` row says the inventory service
-is down, and a helper that seeds many failed deliveries at once."""
+is down, a helper that seeds many failed deliveries at once, and one that resends a stored
+delivery as its sender retries it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from receiver import Backoff, Connection, Event, Provider, Receiver, Store
 from receiver._ledger import receipts as ledger
 from receiver._ledger.receipts import Claim, Claimed, Key
 from receiver._verification.payload import parse
-from receiver.testing import Sender
+from receiver.testing import Sender, Webhook
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 TABLES = (
@@ -77,6 +78,18 @@ async def fail_many(rx: Receiver, provider: str, ids: list[str], error: str = ""
             assert isinstance(got, Claimed)
             why = error or "RuntimeError: inventory service timed out"
             assert await ledger.release(conn, key, got.fence, why, store.now())
+
+
+async def resend(rx: Receiver, provider: str, webhook_id: str) -> int | None:
+    """The sender's own retry of a stored delivery (the same body bytes, signed anew): its
+    status."""
+    async with rx.store.acquire() as conn:
+        found = await ledger.lookup(conn, Key(provider, webhook_id))
+    assert found is not None
+    assert found.request_body is not None
+    webhook = Webhook(provider, webhook_id, found.event_type or "", found.request_body)
+    async with Sender(rx, provider, SECRET) as sender:
+        return (await sender.send(webhook)).status
 
 
 async def runs(store: Store) -> dict[str, int]:

@@ -201,6 +201,36 @@ async def test_an_interrupted_job_is_judged_item_by_item(rx: Receiver, store: St
     }
 
 
+async def test_what_a_sender_did_to_items_a_dead_runner_never_reached_is_not_counted(
+    rx: Receiver, store: Store
+) -> None:
+    """A runner dies in its first item's replay; before the job is taken over, the senders'
+    own retries run two items it never reached (one succeeds, one fails again). Those two are
+    counted ``changed``: the job did not run them, and they are not its outcomes."""
+    ids = [f"s{n}" for n in range(5)]
+    await bulkapp.fail_many(rx, "shop", ids)
+    job = await bulk.create(store, "ada", bulk.Filter(provider="shop"), "5", "why", "d" * 10, 500)
+    inside = asyncio.Event()
+
+    async def dies_inside(provider: str, webhook_id: str) -> Any:
+        inside.set()
+        await asyncio.Event().wait()  # the process dies here
+
+    dead = asyncio.create_task(bulk.Runner(store, dies_inside, owner="dead").run(job))
+    await inside.wait()
+    dead.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await dead
+    assert await bulkapp.resend(rx, "shop", "s3") == 200
+    await bulkapp.broken(store, True)
+    assert await bulkapp.resend(rx, "shop", "s4") == 500
+    await bulkapp.broken(store, False)
+    # Taken over (the dead runner's owner id: its lease needs no waiting for).
+    assert await bulk.Runner(store, rx.replay, owner="dead").run(job) == "done"
+    assert await bulk.outcomes(store, job) == {"executed": 3, "changed": 2}
+    assert await bulkapp.runs(store) == {"s0": 1, "s1": 1, "s2": 1, "s3": 1}
+
+
 async def test_cancelling_stops_between_two_deliveries(rx: Receiver, store: Store) -> None:
     await bulkapp.fail_many(rx, "shop", [f"s{n:03d}" for n in range(20)])
     job = await bulk.create(store, "ada", bulk.Filter(), "20", "why", "c" * 10, 5)

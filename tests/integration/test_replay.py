@@ -169,3 +169,41 @@ async def test_a_replay_racing_a_redelivery_runs_once(store: Store) -> None:
     assert await effects(store, "msg_1") == 1
     refused = [r for r in results if isinstance(r, ReplayRefused)]
     assert len(refused) <= 1
+
+
+async def test_a_stale_in_flight_external_delivery_is_reconciled_never_run_again(
+    store: Store,
+) -> None:
+    """An external attempt whose process died (in flight, its lease run out) may have acted:
+    an operator's replay reconciles it, or without reconcile() holds it for review; only the
+    replay of the receipt a person has then looked at (failed) runs the handler."""
+    clock = Clock()
+    rx, runs, _ = build(store, clock)
+    reconciled: list[str] = []
+
+    async def refunded(event: Event) -> dict[str, str]:
+        reconciled.append(f"{event.id} {event.fence}")
+        return {"refunded": event.id}
+
+    async def refund(event: Event, tx: Connection) -> None:
+        runs.append(f"refund {event.id} {event.fence}")
+
+    rx.add_handler("refund.created", refund, effects="external", reconcile=refunded)
+    async with rx:
+        await dead_claim(store, "msg_pay", body_of("payment.created"), clock.now)
+        await dead_claim(store, "msg_refund", body_of("refund.created"), clock.now)
+        clock.advance(LEASE + 1)
+        held = await rx.replay(PROVIDER, "msg_pay")
+        assert (held.outcome.value, held.fence) == ("needs_review", 2)
+        assert (await receipt(store, "msg_pay")).state == State.FAILED
+        done = await rx.replay(PROVIDER, "msg_refund")
+        assert (done.outcome.value, done.response.body) == (
+            "reconciled",
+            b'{"refunded":"msg_refund"}',
+        )
+        assert (await receipt(store, "msg_refund")).state == State.COMPLETED
+        assert runs == []
+        assert reconciled == ["msg_refund 2"]
+        # Looked at, the held one is replayed on purpose: now it runs, once.
+        assert (await rx.replay(PROVIDER, "msg_pay")).outcome.value == "executed"
+    assert runs == ["pay msg_pay 3"]

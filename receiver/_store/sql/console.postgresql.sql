@@ -205,11 +205,11 @@ WHERE job = $1 AND state <> 'done'
 ORDER BY seq
 LIMIT $2;
 
--- name: bulk_items_started
--- A batch ($2 to $3) about to be replayed: marked, so that a runner taking the job over after
--- a crash judges each of them from its receipt.
+-- name: bulk_item_started
+-- An item ($2) whose replay begins: marked, so that a runner taking the job over after a crash
+-- judges it from its receipt (the items still pending were never reached).
 UPDATE receiver_bulk_items SET state = 'started'
-WHERE job = $1 AND seq BETWEEN $2 AND $3 AND state = 'pending'
+WHERE job = $1 AND seq = $2 AND state = 'pending'
 RETURNING seq;
 
 -- name: bulk_item_done
