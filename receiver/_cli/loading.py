@@ -22,7 +22,7 @@ from .._exceptions import ReceiverError, StoreMisconfigured
 from .._store.base import Store
 from .._store.sqlite import SQLiteStore
 from .._store.url import store_from_url
-from .._webhooks.app import Receiver
+from .._webhooks.app import DEFAULT_STORE, Receiver
 
 
 def check_store_applies(args: argparse.Namespace) -> None:
@@ -117,6 +117,14 @@ def config_receiver(args: argparse.Namespace) -> Receiver:
     sys.path.insert(0, os.getcwd())  # handler modules resolve as --app's module does
     store = getattr(args, "store", None) or os.environ.get("RECEIVER_STORE") or None
     return load_config(args.config).receiver(store=store)
+
+
+def store_url(args: argparse.Namespace) -> str:
+    """The store a command that needs no handlers works on: ``--store``, else the ``--config``
+    file's, else the default SQLite file."""
+    if args.store:
+        return str(args.store)
+    return load_config(args.config).store if args.config else DEFAULT_STORE
 
 
 def check_config_alone(args: argparse.Namespace) -> None:

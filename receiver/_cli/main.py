@@ -165,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = sub.add_parser("inspect", help="show one receipt: state, attempts, stored answer")
     inspect.add_argument("provider")
     inspect.add_argument("webhook_id")
-    _add(inspect, "store", "store URL", DEFAULT_STORE)
+    _add(inspect, "config", "take the store from this config file")
+    _add(inspect, "store", STORE_HELP)
     inspect.add_argument(
         "--principal",
         default=None,
@@ -173,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     failed = sub.add_parser("failed", help="list receipts whose handlers failed")
-    _add(failed, "store", "store URL", DEFAULT_STORE)
+    _add(failed, "config", "take the store from this config file")
+    _add(failed, "store", STORE_HELP)
     _add(failed, "provider", "only this provider", "")
     _add(failed, "limit", "at most this many", 50, type=values.count)
 

@@ -27,6 +27,7 @@ from .loading import (
     existing_store,
     load_receiver,
     read,
+    store_url,
     text_argument,
     when,
 )
@@ -40,7 +41,7 @@ def inspect_command(args: argparse.Namespace) -> int:
             raise ReceiverError("--principal is for Idempotency-Keys: PROVIDER idem:NAMESPACE")
         principal = text_argument("--principal", args.principal)
         webhook_id = orjson.dumps([principal, webhook_id]).decode()
-    store = existing_store(args.store)
+    store = existing_store(store_url(args))
 
     async def run() -> tuple[Receipt | None, list[Row]]:
         async with store, store.acquire() as conn:
@@ -79,7 +80,7 @@ def inspect_command(args: argparse.Namespace) -> int:
 
 def failed_command(args: argparse.Namespace) -> int:
     provider = text_argument("--provider", args.provider)
-    store = existing_store(args.store)
+    store = existing_store(store_url(args))
 
     async def run() -> list[Row]:
         async with store, store.acquire() as conn:
@@ -103,9 +104,11 @@ def failed_command(args: argparse.Namespace) -> int:
             f"type={row['event_type']}  attempts={row['attempts']}  "
             f"claimed={when(row['claimed_at'])}  {error}"
         )
+    # The handlers a replay needs come from where this project names them.
+    handlers = f"--config {args.config}" if args.config else "--app mod:attr"
     print(
-        "webhooks: replay one with receiver replay PROVIDER WEBHOOK_ID --app mod:attr, all of "
-        "them with receiver replay --all-failed --app mod:attr; actions and Idempotency-Keys "
+        f"webhooks: replay one with receiver replay PROVIDER WEBHOOK_ID {handlers}, all of "
+        f"them with receiver replay --all-failed {handlers}; actions and Idempotency-Keys "
         "run again when their caller retries (receiver inspect PROVIDER KEY for details)",
         file=sys.stderr,
     )

@@ -18,9 +18,15 @@ from .._store import partitions
 from .._store.sqlite import SQLiteStore
 from .._store.url import store_from_url
 from .._verification.verifier import sign
-from .._webhooks.app import DEFAULT_STORE
 from .._webhooks.schedules import PRESETS, dedup_window, describe
-from .loading import check_config_alone, existing_store, load_receiver, read, text_argument
+from .loading import (
+    check_config_alone,
+    existing_store,
+    load_receiver,
+    read,
+    store_url,
+    text_argument,
+)
 
 
 def ttl_command(args: argparse.Namespace) -> int:
@@ -47,7 +53,7 @@ def ttl_command(args: argparse.Namespace) -> int:
 
 
 def migrate(args: argparse.Namespace) -> int:
-    url = args.store or (load_config(args.config).store if args.config else DEFAULT_STORE)
+    url = store_url(args)
     # --check changes nothing: a SQLite file that is not there is reported, not created.
     store = existing_store(url) if args.check else store_from_url(url)
     if isinstance(store, SQLiteStore):

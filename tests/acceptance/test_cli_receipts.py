@@ -155,3 +155,37 @@ def test_the_cli_masks_stored_errors_as_the_console_does(tmp_path: Path) -> None
         assert "RuntimeError: card •••" in done.stdout
         for secret in ("4111", "1111 1111", "abc.def"):
             assert secret not in done.stdout
+
+
+def test_inspect_and_failed_take_the_store_of_a_config_file(tmp_path: Path) -> None:
+    """A project run with ``--config`` reads its receipts the same way: ``inspect --config
+    FILE PROVIDER ID`` (not FILE taken for the provider), and ``failed --config FILE``, whose
+    advice names the file rather than ``--app``."""
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    rx = Receiver(url, [Provider(PROVIDER, [SECRET])], sweep_interval=None)
+
+    @rx.on("order.created")
+    async def created(event: Event, tx: Connection) -> None:
+        raise RuntimeError("downstream is down")
+
+    async def deliver() -> None:
+        async with rx:
+            body = body_of(order="o-1")
+            assert (await rx.deliver(PROVIDER, signed("m1", body), body)).status_code == 500
+
+    asyncio.run(deliver())
+    config = tmp_path / "receiver.toml"
+    config.write_text(f'store = "{url}"\n[providers.{PROVIDER}]\nsecrets_env = ["NOT_READ"]\n')
+    shown = receiver("inspect", "--config", str(config), PROVIDER, "m1")
+    assert shown.returncode == 0, shown.stderr
+    assert f"receipt      {PROVIDER}/m1" in shown.stdout
+    assert "RuntimeError: downstream is down" in shown.stdout
+    listed = receiver("failed", "--config", str(config))
+    assert listed.returncode == 0, listed.stderr
+    assert f"{PROVIDER}/m1  released" in listed.stdout
+    assert f"--config {config}" in listed.stderr
+    assert "--app" not in listed.stderr
+    # --store still wins over the file's, as for every other command.
+    elsewhere = receiver("failed", "--config", str(config), "--store", f"sqlite:///{tmp_path}/x.db")
+    assert elsewhere.returncode == 2
+    assert "no SQLite database at" in elsewhere.stderr
