@@ -43,10 +43,15 @@ def serve(args: argparse.Namespace) -> int:
     else:
         check_store_applies(args)
         os.environ["RECEIVER_STORE"] = args.store or DEFAULT_STORE
-        if args.app == DEFAULT_APP and not os.environ.get("RECEIVER_SECRET"):
-            secret = generate_secret()
-            os.environ["RECEIVER_SECRET"] = secret
-            url = f"http://{args.host}:{args.port}/demo"
+        demo = args.app == DEFAULT_APP and not os.environ.get("RECEIVER_SECRET")
+        if demo:
+            # The demo reads its secret when it is imported.
+            os.environ["RECEIVER_SECRET"] = generate_secret()
+        # Import once here so configuration errors are reported before uvicorn starts, and
+        # before the demo's "Try it" line, which is for an app that starts.
+        load_app(args.app)
+        if demo:
+            secret, url = os.environ["RECEIVER_SECRET"], f"http://{args.host}:{args.port}/demo"
             print(
                 "No RECEIVER_SECRET set: generated a demo secret for provider 'demo'.\n"
                 f"  export RECEIVER_SECRET={secret}\n"
@@ -54,8 +59,6 @@ def serve(args: argparse.Namespace) -> int:
                 f"  receiver send --url {url} --secret {secret} --id msg_demo_1\n",
                 flush=True,
             )
-        # Import once here so configuration errors are reported before uvicorn starts.
-        load_app(args.app)
         app, factory = args.app, False
     with _worker_metrics(args.workers):
         _run_uvicorn(args, app, factory)

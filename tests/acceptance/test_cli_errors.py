@@ -371,3 +371,21 @@ def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
         os.close(write)
     assert done.returncode == 141
     assert done.stderr == ""
+
+
+def test_serve_without_an_app_outside_a_clone_offers_no_demo(tmp_path: Path) -> None:
+    """Away from a clone there is no demo app: one line saying what to give, and not the
+    demo's "Try it" line first, for a server that never starts."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RECEIVER_", "PYTHONPATH"))}
+    done = subprocess.run(
+        [RECEIVER, "serve"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "no app to run: give --app module:attribute" in one_line_error(done)
+    assert done.stdout == ""

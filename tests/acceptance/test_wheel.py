@@ -225,6 +225,7 @@ def test_the_tutorial_runs_as_written_from_the_wheel(
     )
     assert lost.returncode == 2
     assert "no app to run: give --app module:attribute" in lost.stderr, lost.stderr
+    assert "Try it" not in lost.stdout  # the demo's line, for an app that did not start
 
 
 def test_the_home_page_installs_work_as_written(tmp_path: Path) -> None:
