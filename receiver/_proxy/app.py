@@ -345,11 +345,14 @@ class IdempotencyProxy(Recovery):
                         continue
                     got = latest
                 return self._in_flight(got, scope["path"])
+            if decision is Decision.RECOVER:
+                taken = await self._take_over(claim, got)
+                if taken is None:
+                    continue  # another retry took it over first: look again
+                return await self._recover(scope, claim, taken, got.now, request, body)
             fence = await keyed.reclaim(self.store, claim, got.fence)
             if fence is None:
-                continue  # another retry took it over first: look again
-            if decision is Decision.RECOVER:
-                return await self._recover(scope, claim, fence, request, body)
+                continue
             return await self._attempt(scope, claim, fence, request, body)
         return self._in_flight(None, scope["path"])
 

@@ -89,17 +89,12 @@ async def upstream() -> AsyncIterator[Upstream]:
 
 
 @contextlib.asynccontextmanager
-async def served(tmp_path: Path, up: Upstream, **options: Any) -> AsyncIterator[int]:
-    """The proxy on uvicorn, its proxy-header handling off as ``receiver proxy`` runs it: the
-    proxy alone decides which forwarding headers to believe."""
-    store = SQLiteStore(tmp_path / "proxy.db")
-    await store.open()
-    proxy = IdempotencyProxy(
-        f"http://127.0.0.1:{up.port}", store=store, sweep_interval=None, **options
-    )
+async def on_loopback(app: Any) -> AsyncIterator[int]:
+    """An ASGI app on uvicorn in this event loop, on a free loopback port (yielded), its
+    proxy-header handling off as ``receiver proxy`` runs it."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(proxy, lifespan="off", proxy_headers=False, log_level="warning")
+    config = uvicorn.Config(app, lifespan="off", proxy_headers=False, log_level="warning")
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
@@ -107,12 +102,27 @@ async def served(tmp_path: Path, up: Upstream, **options: Any) -> AsyncIterator[
             if server.started or task.done():
                 break
             await asyncio.sleep(0.02)
-        assert server.started, "the proxy did not start"
+        assert server.started, "the server did not start"
         yield sock.getsockname()[1]
     finally:
         server.should_exit = True
         await task
         sock.close()
+
+
+@contextlib.asynccontextmanager
+async def served(tmp_path: Path, up: Upstream, **options: Any) -> AsyncIterator[int]:
+    """The proxy in front of ``up``: the proxy alone decides which forwarding headers to
+    believe."""
+    store = SQLiteStore(tmp_path / "proxy.db")
+    await store.open()
+    proxy = IdempotencyProxy(
+        f"http://127.0.0.1:{up.port}", store=store, sweep_interval=None, **options
+    )
+    try:
+        async with on_loopback(proxy) as port:
+            yield port
+    finally:
         await proxy.aclose()
         await store.close()
 
