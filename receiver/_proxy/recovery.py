@@ -17,7 +17,7 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from .._ledger import keyed
-from .._ledger.receipts import Claim, Key, Receipt, StoredResponse
+from .._ledger.receipts import Claim, Key, Receipt, StoredResponse, lookup
 from .._ledger.responses import replay
 from .._ledger.results import RunAgain
 from .._ops.redact import describe
@@ -90,8 +90,13 @@ class Recovery:
         return None if fence is None else (fence, record)
 
     async def _interrupted(self, receipt: Receipt) -> Interrupted:
+        key = receipt.key
         async with self.store.acquire() as conn:
-            rows = await conn.run_all("list_attempts", receipt.key.provider, receipt.key.webhook_id)
+            rows = await conn.run_all("list_attempts", key.provider, key.webhook_id)
+            if receipt.request_body is None:  # a claim's answer leaves the envelope out
+                current = await lookup(conn, key, self.store.now())
+                if current is not None and current.fence == receipt.fence:
+                    receipt = current
         error = next((str(r["error"]) for r in rows if int(r["fence"]) == receipt.fence), None)
         return interrupted(receipt, error)
 

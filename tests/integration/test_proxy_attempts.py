@@ -2,7 +2,7 @@
 lost connection, the upstream's 5xx, a proxy that stopped) and when it was forwarded, by the
 ledger's clock, through a client's retry and through the sweeper, and still after a reconcile
 that raised; a request forwarded again after RUN_AGAIN is an attempt of its own. The proxy runs
-on uvicorn in front of a real upstream on loopback."""
+on uvicorn in front of a real upstream on loopback, on each store."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,7 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from receiver import RUN_AGAIN, IdempotencyProxy, ProxyAttempt, SQLiteStore
+from receiver import RUN_AGAIN, IdempotencyProxy, ProxyAttempt, Store
 from tests.integration.test_proxy_framing import on_loopback
 
 
@@ -66,10 +65,8 @@ FOUND = Response(b'{"id":"o_1"}', 201)
 
 @asynccontextmanager
 async def proxied(
-    tmp_path: Path, upstream: Upstream | str, reconcile: Recorder
+    store: Store, upstream: Upstream | str, reconcile: Recorder
 ) -> AsyncIterator[tuple[IdempotencyProxy, httpx.AsyncClient]]:
-    store = SQLiteStore(tmp_path / "proxy.db")
-    await store.open()
     async with contextlib.AsyncExitStack() as stack:
         if isinstance(upstream, Upstream):
             upstream = (
@@ -89,7 +86,6 @@ async def proxied(
                 yield proxy, client
         finally:
             await proxy.aclose()
-            await store.close()
 
 
 async def order(client: httpx.AsyncClient) -> httpx.Response:
@@ -105,14 +101,14 @@ async def order(client: httpx.AsyncClient) -> httpx.Response:
     ],
 )
 async def test_a_retry_tells_reconcile_how_the_attempt_ended_and_when_it_began(
-    tmp_path: Path,
+    store: Store,
     answer: tuple[float, int],
     status: int,
     interruption: str,
     upstream_status: int | None,
 ) -> None:
     reconcile = Recorder(FOUND)
-    async with proxied(tmp_path, Upstream(answer), reconcile) as (_, client):
+    async with proxied(store, Upstream(answer), reconcile) as (_, client):
         before = time.time()
         assert (await order(client)).status_code == status
         await asyncio.sleep(0.2)
@@ -124,12 +120,12 @@ async def test_a_retry_tells_reconcile_how_the_attempt_ended_and_when_it_began(
     assert 0.2 <= attempt.age <= after - before + 0.05
 
 
-async def test_a_connection_lost_after_sending(tmp_path: Path) -> None:
+async def test_a_connection_lost_after_sending(store: Store) -> None:
     server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     reconcile = Recorder(FOUND)
     try:
-        async with proxied(tmp_path, url, reconcile) as (_, client):
+        async with proxied(store, url, reconcile) as (_, client):
             assert (await order(client)).status_code == 502
             assert (await order(client)).status_code == 201
     finally:
@@ -138,9 +134,9 @@ async def test_a_connection_lost_after_sending(tmp_path: Path) -> None:
     assert [(a.interruption, a.status) for a in reconcile.seen] == [("connection_lost", None)]
 
 
-async def test_a_proxy_that_failed_after_the_upstream_answered(tmp_path: Path) -> None:
+async def test_a_proxy_that_failed_after_the_upstream_answered(store: Store) -> None:
     reconcile = Recorder(FOUND)
-    async with proxied(tmp_path, Upstream((0.0, 201)), reconcile) as (proxy, client):
+    async with proxied(store, Upstream((0.0, 201)), reconcile) as (proxy, client):
         forward = proxy.app
 
         async def fails_after(scope: Scope, receive: Receive, send: Send) -> None:
@@ -154,10 +150,10 @@ async def test_a_proxy_that_failed_after_the_upstream_answered(tmp_path: Path) -
     assert [(a.interruption, a.status) for a in reconcile.seen] == [("proxy_stopped", None)]
 
 
-async def test_a_reconcile_that_raised_leaves_the_attempt_as_it_was(tmp_path: Path) -> None:
+async def test_a_reconcile_that_raised_leaves_the_attempt_as_it_was(store: Store) -> None:
     """The next reconcile, by a retry or the sweeper, is told of the same attempt, older."""
     reconcile = Recorder(RuntimeError("lookup down"), RuntimeError("lookup down"), FOUND)
-    async with proxied(tmp_path, Upstream((1.0, 201)), reconcile) as (proxy, client):
+    async with proxied(store, Upstream((1.0, 201)), reconcile) as (proxy, client):
         assert (await order(client)).status_code == 504
         assert (await order(client)).status_code == 502  # reconcile raised
         await asyncio.sleep(0.2)
@@ -171,10 +167,10 @@ async def test_a_reconcile_that_raised_leaves_the_attempt_as_it_was(tmp_path: Pa
     assert first.age < swept.age < last.age
 
 
-async def test_a_request_forwarded_again_is_an_attempt_of_its_own(tmp_path: Path) -> None:
+async def test_a_request_forwarded_again_is_an_attempt_of_its_own(store: Store) -> None:
     reconcile = Recorder(RUN_AGAIN, FOUND)
     upstream = Upstream((0.0, 500), (1.0, 201))
-    async with proxied(tmp_path, upstream, reconcile) as (_, client):
+    async with proxied(store, upstream, reconcile) as (_, client):
         assert (await order(client)).status_code == 500
         await asyncio.sleep(0.2)
         # Reconciled as not done, forwarded again, and this time no answer in time.
