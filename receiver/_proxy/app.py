@@ -467,6 +467,7 @@ class IdempotencyProxy(Recovery):
             kind,
             extra={"provider": claim.key.provider},
         )
+        # The error says how the attempt ended: attempt.interrupted() reads it back for reconcile.
         await asyncio.shield(keyed.unresolved(self.store, claim.key, fence, f"upstream: {kind}"))
 
     def _remember(self, claim: Claim, result: StoredResponse, left: float) -> None:
