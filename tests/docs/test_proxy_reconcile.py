@@ -5,28 +5,33 @@ The proxy times out while the vendor is still creating the first copy's payment;
 retry comes at once, the example's lookup finds nothing yet, and it must not forward a second
 copy. Once the vendor is done, the retry gets the payment found by the lookup; the vendor
 created one payment. A vendor that never acted gets the request forwarded again once the
-example's SETTLED has passed, and creates one payment then.
+example's SETTLED has passed, and creates one payment then. And the guide's test with the
+testing kit passes with the example and the lease the guide gives it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
+import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from receiver import IdempotencyProxy, SQLiteStore
+from receiver import Connection, IdempotencyProxy, SQLiteStore, Store
+from receiver.testing import FakeClock, check_requests
 from tests.docs.blocks import DOCS, blocks
 from tests.integration.test_proxy_framing import on_loopback
+from tests.pgcluster import free_port
 
 PAGE = DOCS / "how-to" / "proxy.md"
 
@@ -59,7 +64,7 @@ class Vendor:
         return Response(orjson.dumps(payment), 201, media_type="application/json")
 
 
-def the_example(store: SQLiteStore) -> dict[str, Any]:
+def the_example(store: SQLiteStore | None) -> dict[str, Any]:
     """The guide's block that defines ``find_payment``, run as written (its ``store`` given)."""
     [block] = [b for b in blocks(PAGE) if "async def find_payment" in b.text]
     namespace: dict[str, Any] = {"__name__": "__docs__", "store": store}
@@ -139,3 +144,49 @@ async def test_a_vendor_that_never_acted_gets_the_request_again_once_settled(
     assert settled.status_code == 200, settled.text
     assert vendor.received == 2
     assert len(vendor.created) == 1
+
+
+@contextmanager
+def in_a_thread(vendor: Vendor) -> Iterator[str]:
+    """The vendor on uvicorn in a thread of its own (the kit runs its own event loops)."""
+    port = free_port()
+    config = uvicorn.Config(vendor.app, port=port, lifespan="off", log_level="warning")
+    server = uvicorn.Server(config)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(),))
+    thread.start()
+    try:
+        for _ in range(500):
+            if server.started or not thread.is_alive():
+                break
+            threading.Event().wait(0.02)
+        assert server.started, "the vendor did not start"
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        loop.close()
+
+
+def test_the_guides_kit_test_passes_with_the_example() -> None:
+    vendor = Vendor(work=0.0)
+    example = the_example(None)
+    asyncio.run(example["proxy"].aclose())
+    find_payment, settled = example["find_payment"], example["SETTLED"]
+
+    async def charged_each_order_once(conn: Connection) -> None:
+        orders = [p["order"] for p in vendor.created]
+        assert len(orders) == len(set(orders)), f"charged twice: {orders}"
+
+    with in_a_thread(vendor) as sandbox:
+
+        def build(store: Store, clock: FakeClock) -> IdempotencyProxy:
+            vendor.created.clear()  # each example starts with a vendor that charged nothing
+            return IdempotencyProxy(sandbox, store=store, reconcile=find_payment, lease=settled)
+
+        check_requests(
+            build,
+            [("POST", "/v1/payments", {"order": "8891", "amount": 1200})],
+            invariant=charged_each_order_once,
+            max_examples=15,
+        )
