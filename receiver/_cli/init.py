@@ -4,6 +4,7 @@ three tests every receiver needs (receiver/_cli/scaffold.py holds the files)."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,14 @@ def project_files(name: str, *, tool: bool, queued: bool = False) -> dict[str, s
     }
 
 
+def _write(path: Path, text: str) -> None:
+    """Write ``path`` itself, never a file a link there points to: a link put in its place
+    after the check above makes the open fail (ELOOP) instead of writing through it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text)
+
+
 def init_command(args: argparse.Namespace) -> int:
     # The name is written into the project's files (UTF-8) and printed: bytes the shell handed
     # over that are not UTF-8 cannot be.
@@ -70,6 +79,14 @@ def init_command(args: argparse.Namespace) -> int:
         files = project_files(name, tool=args.tool, queued=args.queued)
         if target.exists() and not target.is_dir():
             raise ReceiverError(f"{target} is a file: init writes a project into a directory")
+        # A link is refused, --force or not: written through, a dangling one would create its
+        # target outside the directory, and any other would overwrite a file anywhere.
+        links = [n for n in files if (target / n).is_symlink()]
+        if links:
+            raise ReceiverError(
+                f"symbolic links in {target}: {', '.join(links)}; init never writes through a "
+                "link: remove them, or choose another directory"
+            )
         existing = [n for n in files if (target / n).exists()]
         if existing and not args.force:
             raise ReceiverError(
@@ -78,7 +95,7 @@ def init_command(args: argparse.Namespace) -> int:
             )
         target.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
-            (target / name).write_text(text, encoding="utf-8")
+            _write(target / name, text)
     except OSError as exc:
         # A name too long, no permission, a full disk: said in one line, not a traceback.
         raise ReceiverError(f"cannot write the project in {target}: {exc.strerror}") from None

@@ -63,6 +63,8 @@ def add_proxy_parser(sub: Any, add: Callable[..., None]) -> None:
     add(p, "max-response-size", "bytes of an answer stored", 10 * 1024 * 1024, type=values.count)
     add(p, "namespace", "the ledger namespace of this proxy's keys (proxy:NAME)", "default")
     add(p, "upstream-ca", "a CA bundle to check the upstream's TLS certificate against")
+    trusted = "comma-separated addresses or networks of proxies in front of this one, whose "
+    add(p, "trusted-proxies", trusted + "X-Forwarded-* headers are passed on", "")
     add(
         p,
         "metrics-port",
@@ -148,6 +150,7 @@ def _app_from_environment() -> IdempotencyProxy:
         max_response_size=o["max_response_size"],
         namespace=o["namespace"],
         verify=o["upstream_ca"] or True,
+        trusted_proxies=o["trusted_proxies"],
     )
     if o["metrics_port"] and not _metrics_served and os.environ.get("RECEIVER_PROXY_SERVING"):
         from prometheus_client import start_http_server

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._exceptions import ConfigurationError
+from .._ops.forwarded import TrustedProxies
 from .._ops.sweeper import AUDIT_RETENTION, DEAD_LETTER_RETENTION
 from .._queue.backoff import Backoff
 from .._store.url import store_from_url
@@ -37,7 +38,6 @@ from .._verification.keys import dedup_key as check_dedup_key
 from .._verification.twilio import Twilio
 from .._webhooks.admission import DEFAULT_MAX_WAIT
 from .._webhooks.app import DEFAULT_MAX_BODY, DEFAULT_STORE, Receiver
-from .._webhooks.forwarded import TrustedProxies
 from .._webhooks.providers import _NAME, DEFAULT_TOLERANCE
 from .._webhooks.schedules import RetrySchedule, dedup_window, parse_duration
 from .._webhooks.senders import sender_timeout

@@ -49,6 +49,7 @@ from .._ledger.keyed import KeyState
 from .._ledger.receipts import Claim, Claimed, Decision, Key, Receipt, State, StoredResponse, decide
 from .._ledger.responses import replay
 from .._ops.durations import Durations
+from .._ops.forwarded import TrustedProxies
 from .._ops.sweeper import KeySweeper, SweepReport
 from .._store.base import Store
 from . import forward
@@ -94,7 +95,9 @@ class IdempotencyProxy(Recovery):
     and key, the default) or ``"client"`` (the client's own). ``timeout``: the whole upstream
     call, at most ``lease``; ``connect_timeout``: making the connection. ``verify``: TLS to the
     upstream (True, a CA file, an ``ssl.SSLContext``). ``max_body_size``/``max_response_size``:
-    what a keyed request and its stored answer may hold. ``store_owned``: open and close the
+    what a keyed request and its stored answer may hold. ``trusted_proxies``: the
+    addresses or networks of proxies in front of this one, whose X-Forwarded-* headers are passed
+    on (anyone else's are replaced by what the proxy saw). ``store_owned``: open and close the
     store with the app's lifespan (the CLI does).
     """
 
@@ -123,6 +126,7 @@ class IdempotencyProxy(Recovery):
         replay_cache: int = 10_000,
         sweep_interval: float | None = 60.0,
         verify: Any = True,
+        trusted_proxies: Sequence[str] | str = (),
         registry: CollectorRegistry | None = None,
         store_owned: bool = False,
     ) -> None:
@@ -159,6 +163,7 @@ class IdempotencyProxy(Recovery):
         self.upstream_deduplicates = upstream_deduplicates
         self.retry_statuses = frozenset(retry_statuses)
         self.timeout, self.connect_timeout, self.verify = timeout, connect_timeout, verify
+        self.trusted_proxies = TrustedProxies(trusted_proxies)
         self.lease, self.ttl, self.wait = lease, ttl, wait
         self.max_body_size, self.max_response_size = max_body_size, max_response_size
         self.provider = f"{NAMESPACE}:{settings.namespace_of(namespace)}"
@@ -286,7 +291,7 @@ class IdempotencyProxy(Recovery):
         """No key needed: streamed through, nothing stored."""
         self.metrics.count("passed")
         try:
-            await forward.stream(self.client, url, scope, receive, send)
+            await forward.stream(self.client, url, scope, receive, send, self.trusted_proxies)
         except forward.NotSent as exc:
             self.metrics.upstream_errors.labels(exc.kind).inc()
             await bad_gateway(502, "the upstream could not be reached")(scope, receive, send)
@@ -340,11 +345,14 @@ class IdempotencyProxy(Recovery):
                         continue
                     got = latest
                 return self._in_flight(got, scope["path"])
+            if decision is Decision.RECOVER:
+                taken = await self._take_over(claim, got)
+                if taken is None:
+                    continue  # another retry took it over first: look again
+                return await self._recover(scope, claim, taken, got.now, request, body)
             fence = await keyed.reclaim(self.store, claim, got.fence)
             if fence is None:
-                continue  # another retry took it over first: look again
-            if decision is Decision.RECOVER:
-                return await self._recover(scope, claim, fence, request, body)
+                continue
             return await self._attempt(scope, claim, fence, request, body)
         return self._in_flight(None, scope["path"])
 
@@ -368,6 +376,7 @@ class IdempotencyProxy(Recovery):
                 message.get("body", b""),
                 extra,
                 self.max_response_size,
+                self.trusted_proxies,
             )
         self.metrics.upstream_seconds.observe(time.monotonic() - began)
         headers = [*got.headers, (b"content-length", str(len(got.body)).encode())]
@@ -458,6 +467,7 @@ class IdempotencyProxy(Recovery):
             kind,
             extra={"provider": claim.key.provider},
         )
+        # The error says how the attempt ended: attempt.interrupted() reads it back for reconcile.
         await asyncio.shield(keyed.unresolved(self.store, claim.key, fence, f"upstream: {kind}"))
 
     def _remember(self, claim: Claim, result: StoredResponse, left: float) -> None:

@@ -9,6 +9,7 @@ does for an endpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -21,11 +22,18 @@ from starlette.types import Scope
 
 from .._exceptions import ConfigurationError, ReceiverError
 from .._idempotency.middleware import _problem
-from .._ledger.receipts import Key, StoredResponse
+from .._ledger.receipts import Key, Receipt, StoredResponse
 from .._ledger.responses import NOT_STORED
 from .._ledger.results import RunAgain
 
 SCOPE_KEY = "receiver.proxy"
+#: ProxyAttempt.interruption's values.
+TIMEOUT, CONNECTION_LOST, UPSTREAM_ERROR, PROXY_STOPPED = (
+    "timeout",
+    "connection_lost",
+    "upstream_error",
+    "proxy_stopped",
+)
 # Set-Cookie is the caller's session, not the answer (as the middleware decides).
 _NOT_STORED = NOT_STORED | {b"set-cookie"}
 
@@ -59,7 +67,10 @@ def proxied_request_of(scope: Scope) -> ProxiedRequest:
 class ProxyAttempt:
     """An interrupted attempt, for ``reconcile(attempt)``: ask the upstream what happened
     (``client`` is the proxy's own, its base URL the upstream), for example by the business id
-    in ``body``, or by ``upstream_key`` if the upstream records it."""
+    in ``body``, or by ``upstream_key`` if the upstream records it. ``interruption``, ``status``,
+    ``began`` and ``age`` say how the attempt ended and how long ago it was forwarded: an
+    upstream that got no answer back to the proxy may still be working on it, so a lookup that
+    finds nothing right after a timeout does not mean it did not act."""
 
     method: str
     path: str
@@ -69,6 +80,20 @@ class ProxyAttempt:
     principal: str
     upstream_key: str
     client: httpx.AsyncClient
+    interruption: str = PROXY_STOPPED
+    """How the attempt ended: ``"timeout"`` (no answer within the proxy's ``timeout``: the
+    upstream may still be working on it), ``"connection_lost"`` (the connection broke after the
+    request went out: the same), ``"upstream_error"`` (the upstream answered ``status``, a 5xx:
+    it was done with the request, and may have acted before it failed), or ``"proxy_stopped"``
+    (the proxy died, was stopped or failed before the answer was stored: the upstream may have
+    answered, or may still be working on it)."""
+    status: int | None = None
+    """The upstream's 5xx status when ``interruption`` is ``"upstream_error"``, else None."""
+    began: float = 0.0
+    """When the interrupted attempt was forwarded: epoch seconds, by the ledger's clock."""
+    age: float = 0.0
+    """Seconds from ``began`` to this call of ``reconcile``, by the ledger's clock: how long the
+    upstream has had to finish with the request."""
 
     def json(self) -> Any:
         return orjson.loads(self.body)
@@ -102,6 +127,45 @@ def unwrap(stored: bytes | None) -> tuple[str, str, str, bytes]:
     head, _, body = (stored or b"{}").partition(b"\n")
     meta = orjson.loads(head)
     return str(meta.get("method", "")), str(meta.get("path", "")), str(meta.get("query", "")), body
+
+
+@dataclass(frozen=True, slots=True)
+class Interrupted:
+    """How the last attempt that forwarded a key ended (ProxyAttempt's fields of that name)."""
+
+    interruption: str
+    status: int | None
+    began: float
+
+
+def interrupted(receipt: Receipt, error: str | None) -> Interrupted:
+    """How the attempt ``receipt`` holds ended, from the error its fence recorded (None: none,
+    its proxy stopped). A fence taken to reconcile an attempt carries that attempt's record in
+    its envelope (:func:`carrying`), and never forwards: a reconcile that answers RUN_AGAIN
+    gives it back, and the request is forwarded under a fence of its own."""
+    head = orjson.loads((receipt.request_body or b"{}").partition(b"\n")[0])
+    carried = head.get("interrupted")
+    if isinstance(carried, dict):
+        return Interrupted(carried["interruption"], carried["status"], carried["began"])
+    kind = (error or "").removeprefix("upstream: ")
+    status = None
+    if kind == "timeout":
+        interruption = TIMEOUT
+    elif kind in ("read", "write"):
+        interruption = CONNECTION_LOST
+    elif kind.startswith("upstream ") and kind[9:].isdigit():
+        interruption, status = UPSTREAM_ERROR, int(kind[9:])
+    else:  # none recorded (a proxy that died), a cancellation, the forwarding step's own error
+        interruption = PROXY_STOPPED
+    # The claim is taken right before the request is forwarded.
+    return Interrupted(interruption, status, receipt.claimed_at)
+
+
+def carrying(stored: bytes, record: Interrupted) -> bytes:
+    """The envelope ``stored`` with ``record`` in it, for the fence that reconciles it."""
+    head, _, body = stored.partition(b"\n")
+    meta = {**orjson.loads(head), "interrupted": dataclasses.asdict(record)}
+    return orjson.dumps(meta) + b"\n" + body
 
 
 def stored(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> StoredResponse:

@@ -19,6 +19,7 @@ import httpx
 from starlette.types import Message, Receive, Scope, Send
 
 from .._exceptions import ConfigurationError, ReceiverError
+from .._ops.forwarded import TrustedProxies, parse
 
 # RFC 9110 section 7.6.1: connection-specific fields, never forwarded; plus the ones the proxy
 # sets itself (host, content-length) and a client's Expect (the proxy has the whole body).
@@ -102,11 +103,11 @@ def client_for(
 
 
 def request_headers(
-    scope: Scope, extra: Sequence[tuple[bytes, bytes]]
+    scope: Scope, extra: Sequence[tuple[bytes, bytes]], trusted: TrustedProxies
 ) -> list[tuple[bytes, bytes]]:
     """The client's headers as the upstream gets them: hop-by-hop ones (and those the client's
     Connection header names) dropped, the client's Idempotency-Key replaced by ``extra``, and
-    X-Forwarded-For/-Proto/-Host added."""
+    X-Forwarded-For/-Proto/-Host set (:func:`forwarding`)."""
     raw: list[tuple[bytes, bytes]] = scope["headers"]
     named = {
         token.strip().lower()
@@ -116,18 +117,37 @@ def request_headers(
     }
     dropped = _REQUEST_DROPPED | named | {b"idempotency-key"} | {n.lower() for n, _ in extra}
     out = [(n, v) for n, v in raw if n.lower() not in dropped]
-    host = next((v for n, v in raw if n.lower() == b"host"), b"")
+    return [*forwarding(scope, out, trusted), *extra]
+
+
+def _claims_forwarding(name: bytes) -> bool:
+    lowered = name.lower()
+    return lowered.startswith(b"x-forwarded-") or lowered in (b"forwarded", b"x-real-ip")
+
+
+def forwarding(
+    scope: Scope, headers: list[tuple[bytes, bytes]], trusted: TrustedProxies
+) -> list[tuple[bytes, bytes]]:
+    """``headers`` with the forwarding headers the upstream believes: what the proxy saw (its
+    TCP peer, the scheme and Host it was reached by). Anyone can write those headers, so a
+    client's own (X-Forwarded-*, Forwarded, X-Real-IP) are dropped, unless the peer is one of
+    the ``trusted`` proxies: then they are what that proxy saw, passed on, its address appended
+    to X-Forwarded-For, and Proto and Host added only where it sent none (as the webhook app
+    believes X-Forwarded-For only from its trusted proxies, receiver/_ops/forwarded.py)."""
     client = scope.get("client")
-    if client:
-        forwarded = [v for n, v in raw if n.lower() == b"x-forwarded-for"]
-        chain = b", ".join([*forwarded, str(client[0]).encode()])
+    peer = str(client[0]) if client else None
+    address = None if peer is None else parse(peer)
+    vouched = address is not None and trusted.trusts(address)
+    out = headers if vouched else [(n, v) for n, v in headers if not _claims_forwarding(n)]
+    if peer is not None:
+        chain = [v for n, v in out if n.lower() == b"x-forwarded-for"]
         out = [(n, v) for n, v in out if n.lower() != b"x-forwarded-for"]
-        out.append((b"x-forwarded-for", chain))
+        out.append((b"x-forwarded-for", b", ".join([*chain, peer.encode()])))
     if not any(n.lower() == b"x-forwarded-proto" for n, _ in out):
         out.append((b"x-forwarded-proto", str(scope.get("scheme", "http")).encode()))
+    host = next((v for n, v in scope["headers"] if n.lower() == b"host"), b"")
     if host and not any(n.lower() == b"x-forwarded-host" for n, _ in out):
         out.append((b"x-forwarded-host", host))
-    out.extend(extra)
     return out
 
 
@@ -216,6 +236,18 @@ def target(upstream: str, scope: Scope) -> httpx.URL:
         raise BadTarget(f"the request path cannot be forwarded: {exc}") from None
 
 
+async def _body(receive: Receive, first: Message | None) -> AsyncIterator[bytes]:
+    """The client's body as it arrives (``first``: its first message, already received)."""
+    message = first if first is not None else await receive()
+    while message["type"] == "http.request":
+        chunk = message.get("body", b"")
+        if chunk:
+            yield chunk
+        if not message.get("more_body", False):
+            return
+        message = await receive()
+
+
 @dataclass(frozen=True, slots=True)
 class Exchange:
     """A keyed request's round trip: the upstream's status, headers and whole body."""
@@ -232,11 +264,12 @@ async def exchange(
     body: bytes,
     extra: Sequence[tuple[bytes, bytes]],
     max_size: int,
+    trusted: TrustedProxies,
 ) -> Exchange:
     """Send a keyed request (its body already read) and read the whole answer, raw (a
     compressed answer stays compressed: it is stored and replayed as the upstream sent it)."""
     request = client.build_request(
-        scope["method"], url, headers=request_headers(scope, extra), content=body
+        scope["method"], url, headers=request_headers(scope, extra, trusted), content=body
     )
     try:
         response = await client.send(request, stream=True)
@@ -272,26 +305,29 @@ async def exchange(
 
 
 async def stream(
-    client: httpx.AsyncClient, url: httpx.URL, scope: Scope, receive: Receive, send: Send
+    client: httpx.AsyncClient,
+    url: httpx.URL,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    trusted: TrustedProxies,
 ) -> None:
     """A request that needs no key, streamed both ways without buffering either body."""
-
-    async def body() -> AsyncIterator[bytes]:
-        while True:
-            message: Message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            if chunk:
-                yield chunk
-            if not message.get("more_body", False):
-                return
-
-    # The client's Content-Length goes along: the upstream sees the body framed as it was sent
-    # (some refuse chunked request bodies).
-    sized = [(n, v) for n, v in scope["headers"] if n.lower() == b"content-length"][:1]
+    framing: list[tuple[bytes, bytes]] = scope["headers"]
+    # The upstream sees the body framed as the client sent it: by its Content-Length (some
+    # upstreams refuse chunked request bodies), chunked, or not at all. A GET, HEAD or DELETE
+    # sent on with an empty chunked body is refused by upstreams that refuse a body on them.
+    sized = [(n, v) for n, v in framing if n.lower() == b"content-length"][:1]
+    content: AsyncIterator[bytes] | None
+    if sized or any(n.lower() == b"transfer-encoding" for n, _ in framing):
+        content = _body(receive, None)
+    else:
+        # No framing: no body over HTTP/1.1; over HTTP/2 one may still come, so look.
+        first = await receive()
+        has_body = first.get("body") or first.get("more_body", False)
+        content = _body(receive, first) if has_body else None
     request = client.build_request(
-        scope["method"], url, headers=request_headers(scope, sized), content=body()
+        scope["method"], url, headers=request_headers(scope, sized, trusted), content=content
     )
     try:
         response = await client.send(request, stream=True)

@@ -8,6 +8,7 @@ request is at hand) and by the sweeper (the request as the ledger kept it, heade
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
@@ -16,12 +17,21 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from .._ledger import keyed
-from .._ledger.receipts import Claim, Key, Receipt, StoredResponse
+from .._ledger.receipts import Claim, Key, Receipt, StoredResponse, lookup
 from .._ledger.responses import replay
 from .._ledger.results import RunAgain
 from .._ops.redact import describe
 from .._ops.review import record_review
-from .attempt import ProxiedRequest, ProxyAttempt, bad_gateway, reconciled, unwrap
+from .attempt import (
+    Interrupted,
+    ProxiedRequest,
+    ProxyAttempt,
+    bad_gateway,
+    carrying,
+    interrupted,
+    reconciled,
+    unwrap,
+)
 
 if TYPE_CHECKING:
     import httpx
@@ -64,11 +74,45 @@ class Recovery:
     def _remember(self, claim: Claim, result: StoredResponse, left: float) -> None:
         raise NotImplementedError
 
+    def _in_flight(self, receipt: Receipt | None, path: str) -> Response:
+        raise NotImplementedError
+
+    async def _take_over(
+        self, claim: Claim, receipt: Receipt
+    ) -> tuple[int, Interrupted | None] | None:
+        """Reclaim an interrupted attempt to settle it: the next fence, and (for reconcile) how
+        the attempt ended, carried in the new fence's envelope should this reconcile raise.
+        None: another caller took it over first."""
+        record = None if self.reconcile is None else await self._interrupted(receipt)
+        if record is not None:
+            claim = dataclasses.replace(claim, body=carrying(claim.body, record))
+        fence = await keyed.reclaim(self.store, claim, receipt.fence)
+        return None if fence is None else (fence, record)
+
+    async def _interrupted(self, receipt: Receipt) -> Interrupted:
+        key = receipt.key
+        async with self.store.acquire() as conn:
+            rows = await conn.run_all("list_attempts", key.provider, key.webhook_id)
+            if receipt.request_body is None:  # a claim's answer leaves the envelope out
+                current = await lookup(conn, key, self.store.now())
+                if current is not None and current.fence == receipt.fence:
+                    receipt = current
+        error = next((str(r["error"]) for r in rows if int(r["fence"]) == receipt.fence), None)
+        return interrupted(receipt, error)
+
     async def _recover(
-        self, scope: Scope, claim: Claim, fence: int, request: ProxiedRequest, body: bytes
+        self,
+        scope: Scope,
+        claim: Claim,
+        taken: tuple[int, Interrupted | None],
+        now: float,
+        request: ProxiedRequest,
+        body: bytes,
     ) -> Response | None:
-        """A retry found an attempt that may have acted and stored nothing: settle it first."""
-        if self.reconcile is None:
+        """A retry found an attempt that may have acted and stored nothing (and took it over,
+        ``taken``, at the ledger's time ``now``): settle it first."""
+        fence, record = taken
+        if self.reconcile is None or record is None:
             if self.upstream_deduplicates:  # the upstream absorbs a second copy of its key
                 return await self._attempt(scope, claim, fence, request, body)
             return await self._review(claim, fence, _NO_RECONCILE)
@@ -82,11 +126,22 @@ class Recovery:
             request.principal,
             request.upstream_key,
             self.client,
+            record.interruption,
+            record.status,
+            record.began,
+            max(0.0, now - record.began),
         )
         try:
             answer = await self.reconcile(attempt)
             if isinstance(answer, RunAgain):
-                return await self._attempt(scope, claim, fence, request, body)
+                # Given back and taken again, so that the new attempt's own claim says when it
+                # was forwarded (``began``), should it be interrupted too.
+                await keyed.release(self.store, claim.key, fence, "reconciled: not done")
+                claim = dataclasses.replace(claim, now=self.store.now())
+                again = await keyed.reclaim(self.store, claim, fence)
+                if again is None:  # another retry took it over in between: it forwards
+                    return self._in_flight(None, scope["path"])
+                return await self._attempt(scope, claim, again, request, body)
             result = reconciled(answer)
         except Exception as exc:
             await asyncio.shield(
@@ -115,10 +170,11 @@ class Recovery:
             self.lease,
             self.ttl,
         )
-        fence = await keyed.reclaim(self.store, claim, receipt.fence)
-        if fence is None:
+        taken = await self._take_over(claim, receipt)
+        if taken is None:
             return "skipped"
-        if self.reconcile is None:
+        fence, record = taken
+        if self.reconcile is None or record is None:
             if self.upstream_deduplicates:
                 await keyed.release(self.store, claim.key, fence, "lease expired")
                 return "released"
@@ -134,6 +190,10 @@ class Recovery:
             principal,
             self._upstream_key(claim.key, key),
             self.client,
+            record.interruption,
+            record.status,
+            record.began,
+            max(0.0, receipt.now - record.began),
         )
         try:
             answer = await self.reconcile(attempt)

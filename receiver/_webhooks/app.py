@@ -21,6 +21,7 @@ from .._exceptions import ConfigurationError, StoreUnavailable, VerificationErro
 from .._ledger.cache import ReplayCache
 from .._ledger.results import Encoder
 from .._logging import get_logger
+from .._ops.forwarded import TrustedProxies
 from .._ops.health import observability_routes, reserved_names
 from .._ops.metrics import Metrics
 from .._ops.sweeper import AUDIT_RETENTION, DEAD_LETTER_RETENTION, Recoverer, check_retention
@@ -31,7 +32,6 @@ from .._values import sweep_interval as checked_interval
 from .._verification.keys import key_of
 from .admission import DEFAULT_MAX_WAIT, Admission
 from .events import Event
-from .forwarded import TrustedProxies
 from .handlers import Effects, Handler, HandlerFunc, Mode, ReconcileFunc, Registry
 from .handoff import Handoffs
 from .lifecycle import StartupHook
@@ -134,7 +134,7 @@ class Receiver(Serving):
         self.audit_retention = check_retention("audit_retention", audit_retention)
         self.clock = clock
         # Whose X-Forwarded-For / X-Real-IP to believe for event.client
-        # (receiver/_webhooks/forwarded.py).
+        # (receiver/_ops/forwarded.py).
         self.trusted_proxies = TrustedProxies(trusted_proxies)
         self._sweeper: asyncio.Task[None] | None = None
         #: Inline deliveries answered 202 at their sender's limit, still running

@@ -16,9 +16,9 @@ from starlette.types import Receive, Scope, Send
 
 from .._exceptions import SchemaOutdated, StoreMisconfigured, StoreUnavailable
 from .._ledger.responses import error, replay
+from .._ops.forwarded import TrustedProxies
 from .._queue.receipts import QUEUED
 from .admission import Admission, Ticket, shed_reply
-from .forwarded import TrustedProxies
 from .handoff import Handoffs, budget
 from .lifecycle import Lifecycle
 from .outcomes import Outcome, Reply

@@ -357,6 +357,8 @@ def test_headers_streaming_limits_and_metrics(tmp_path: Path) -> None:
                 "x-private": "1",
                 "x-kept": "2",
                 "proxy-authorization": "Basic c2VjcmV0",
+                "x-forwarded-host": "bank.example",
+                "x-forwarded-proto": "https",
             },
         ).json()
         assert echoed["x-kept"] == "2"
@@ -364,6 +366,10 @@ def test_headers_streaming_limits_and_metrics(tmp_path: Path) -> None:
         assert "proxy-authorization" not in echoed
         assert echoed["x-forwarded-for"] == "127.0.0.1"
         assert echoed["host"] == f"127.0.0.1:{up.port}"
+        # What the proxy saw, not what a client that is no trusted proxy claims.
+        assert echoed["x-forwarded-host"] == f"127.0.0.1:{p.port}"
+        assert echoed["x-forwarded-proto"] == "http"
+        assert "transfer-encoding" not in echoed  # a GET goes on without a body
         posted = httpx.post(f"{p.url}/echo", content=b"abc").json()  # no key: passed through
         assert posted["content-length"] == "3"
         assert "transfer-encoding" not in posted
@@ -385,6 +391,17 @@ def test_headers_streaming_limits_and_metrics(tmp_path: Path) -> None:
         assert 'receiver_proxy_requests_total{outcome="replayed"} 1.0' in scraped
         assert 'receiver_proxy_requests_total{outcome="refused"} 2.0' in scraped
         assert len(calls(up)) == 1
+
+
+def test_a_trusted_proxys_forwarding_headers_are_passed_on(tmp_path: Path) -> None:
+    claims = {"x-forwarded-host": "bank.example", "x-forwarded-proto": "https"}
+    with (
+        upstream(tmp_path) as up,
+        proxy(tmp_path, up.url, sqlite(tmp_path), "--trusted-proxies", "127.0.0.0/8") as p,
+    ):
+        echoed = httpx.get(f"{p.url}/echo", headers=claims).json()
+    assert echoed["x-forwarded-host"] == "bank.example"
+    assert echoed["x-forwarded-proto"] == "https"
 
 
 def test_tls_to_the_upstream(tmp_path: Path) -> None:

@@ -138,3 +138,34 @@ def test_it_never_overwrites_a_project(tmp_path: Path) -> None:
     assert again.returncode == 2
     assert "already exist" in again.stderr
     assert "--force" in again.stderr
+
+
+@pytest.mark.parametrize("force", [False, True])
+@pytest.mark.parametrize("link", ["dangling", "file outside", "directory outside"])
+def test_it_never_writes_through_a_link(tmp_path: Path, link: str, force: bool) -> None:
+    project, outside = tmp_path / "shop", tmp_path / "outside"
+    project.mkdir()
+    outside.mkdir()
+    (outside / "kept.txt").write_text("theirs")
+    (project / "notes.txt").write_text("mine")
+    target = {
+        "dangling": outside / "created.py",
+        "file outside": outside / "kept.txt",
+        "directory outside": outside,
+    }[link]
+    (project / "orders.py").symlink_to(target)
+    made = subprocess.run(
+        [RECEIVER, "init", str(project), *(["--force"] if force else [])],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 2, made.stdout + made.stderr
+    assert made.stderr.splitlines() == [
+        f"receiver: symbolic links in {project}: orders.py; init never writes through a link: "
+        "remove them, or choose another directory"
+    ]
+    # Refused before anything was written, inside the directory or outside it.
+    assert sorted(p.name for p in outside.iterdir()) == ["kept.txt"]
+    assert (outside / "kept.txt").read_text() == "theirs"
+    assert sorted(p.name for p in project.iterdir()) == ["notes.txt", "orders.py"]
+    assert (project / "orders.py").readlink() == target

@@ -134,7 +134,7 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
 # The "echo.request" handler answers what it saw of the request, for byte-for-byte checks.
 
 if os.environ.get("RECEIVER_TEST_TRUSTED_PROXIES"):
-    from receiver._webhooks.forwarded import TrustedProxies
+    from receiver._ops.forwarded import TrustedProxies
 
     rx.trusted_proxies = TrustedProxies(os.environ["RECEIVER_TEST_TRUSTED_PROXIES"])
 

@@ -1,4 +1,4 @@
-"""The client address behind trusted proxies (receiver/_webhooks/forwarded.py).
+"""The client address behind trusted proxies (receiver/_ops/forwarded.py).
 
 Kong appends its peer's address to whatever X-Forwarded-For the client sent and sets X-Real-IP;
 only what trusted proxies added counts, and nothing an untrusted peer sends does. The last tests
@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from starlette.datastructures import Headers
 
 from receiver import ConfigurationError, Event, Provider, Receiver
+from receiver._ops.forwarded import TrustedProxies, parse
 from receiver._store.base import Connection
-from receiver._webhooks.forwarded import TrustedProxies, parse
 from tests.support import PROVIDER, SECRET, body_of, signed
 
 KONG = TrustedProxies(["127.0.0.1", "10.0.0.0/8", "::1", "fd00::/8"])

@@ -165,6 +165,7 @@ CLI = {
         "--retry-statuses",
         "--store",
         "--timeout",
+        "--trusted-proxies",
         "--ttl",
         "--upstream",
         "--upstream-ca",
