@@ -28,6 +28,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from agents import Agent, ModelResponse, RunConfig, Runner, RunState, Usage
+from agents.models.interface import Model
 from openai.types.responses import (
     ResponseFunctionToolCall,
     ResponseOutputMessage,
@@ -36,8 +38,6 @@ from openai.types.responses import (
     ResponseStreamEvent,
 )
 
-from agents import Agent, ModelResponse, RunConfig, Runner, RunState, Usage
-from agents.models.interface import Model
 from receiver import RUN_AGAIN, Actions, Connection, Store, ToolCall, store_from_url
 from receiver.contrib.openai_agents import TURN_KEY, AgentTurn, action_tool
 
