@@ -268,8 +268,9 @@ python -m pytest          # the three tests: a retry replays, 100 copies run onc
 
 ## Move to PostgreSQL
 
+The PostgreSQL driver (asyncpg) comes with the package: no extra to install.
+
 ```console
-pip install "receiver-webhooks[postgresql]"
 export RECEIVER_STORE=postgresql://app@db.internal/app   # or `store = ...` in receiver.toml
 receiver migrate --store "$RECEIVER_STORE"               # the ledger's tables, once per release
 RECEIVER_TEST_PG_URL=postgresql://postgres@127.0.0.1/postgres python -m pytest

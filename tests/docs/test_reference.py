@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -97,3 +98,25 @@ def test_every_alert_line_is_in_the_log_reference() -> None:
                     prefixes.add(re.split(r"%|\{", text, maxsplit=1)[0].rstrip(" ("))
     assert len(prefixes) > 10
     assert sorted(p for p in prefixes if p not in page) == []
+
+
+def test_every_extra_the_docs_name_exists() -> None:
+    """An install line names only extras the package declares (pip warns and installs
+    without an unknown one), in the docs, the README, the skill and the files init writes."""
+    import tomllib
+
+    from receiver._cli import scaffold
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = set(project["optional-dependencies"])
+    pages = [ROOT / "README.md", *DOCS.rglob("*.md"), *(ROOT / "skills").rglob("*.md")]
+    texts = [page.read_text() for page in pages]
+    texts.append(Path(scaffold.__file__).read_text())
+    named = {
+        extra.strip()
+        for text in texts
+        for group in re.findall(r"receiver-webhooks\[([^\]]+)\]", text)
+        for extra in group.split(",")
+    }
+    assert named
+    assert sorted(named - declared) == []
