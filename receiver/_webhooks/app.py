@@ -65,7 +65,8 @@ class Receiver(Serving):
 
         @rx.on("invoice.paid")
         async def paid(event, tx):
-            await tx.execute("UPDATE invoices SET paid = true WHERE id = $1", event.payload["id"])
+            invoice = event.payload["data"]["id"]  # Standard Webhooks: the event's data
+            await tx.execute("UPDATE invoices SET paid = true WHERE id = $1", invoice)
 
         app.mount("/webhooks", rx)   # POST /webhooks/acme
 

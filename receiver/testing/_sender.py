@@ -163,8 +163,13 @@ class Sender:
     # -- events ----------------------------------------------------------------------------------
 
     def event(self, type: str, data: Any = None, *, id: str | None = None) -> Webhook:
-        """A new event of ``type`` carrying ``data`` (a JSON object), shaped like this
-        provider's deliveries. Its body is fixed now; every :meth:`send` repeats it."""
+        """A new event of ``type`` carrying ``data`` (a JSON object), in this provider's
+        envelope, so a handler reads ``data`` where that sender puts it: Standard Webhooks'
+        ``payload["data"]``, Stripe's ``payload["data"]["object"]``, Slack's
+        ``payload["event"]``, Paddle's ``payload["data"]``, Zoom's
+        ``payload["payload"]["object"]``, Linear's ``payload["data"]``, and the top level of a
+        GitHub or Shopify body or of Twilio's form. Its body is fixed now; every :meth:`send`
+        repeats it."""
         webhook_id = id if id is not None else f"{self.scheme.id_prefix}{next(self._ids):06d}"
         body = self.scheme.body(webhook_id, type, data if data is not None else {}, self.clock())
         key = self.scheme.id_of(webhook_id, body)
