@@ -13,6 +13,7 @@ import sys
 import orjson
 
 from .._console import actions
+from .._console.receipt import attempts_line
 from .._console.redaction import error_line
 from .._exceptions import ReceiverError
 from .._ledger import keyed
@@ -66,7 +67,7 @@ def inspect_command(args: argparse.Namespace) -> int:
     print(f"completed at {when(receipt.completed_at)}")
     print(f"expires at   {when(receipt.expires_at)}")
     print(f"payload hash {receipt.payload_hash.hex()}")
-    print(f"attempts     {receipt.attempts} failed")
+    print(f"attempts     {attempts_line(receipt.attempts, len(attempts))} failed")
     for attempt in attempts:
         error = error_line(attempt["error"], None)
         print(f"  fence {attempt['fence']} at {when(attempt['failed_at'])}: {error}")

@@ -154,6 +154,14 @@ def _actions(view: View, receipt: Receipt) -> Html:
     return f'<div class="actions">{"".join(boxes)}</div>'
 
 
+def attempts_line(current: int, kept: int) -> str:
+    """How many attempts failed: the receipt counts those since it was last queued or replayed
+    (its retries' budget starts again then), the table lists every one still kept."""
+    if current == kept:
+        return str(kept)
+    return f"{kept} ({current} since its last replay or re-queue)"
+
+
 def page(view: View, receipt: Receipt, attempts: Sequence[Row], audit: Sequence[AuditRow]) -> Html:
     now = receipt.now
     if receipt.state is State.IN_FLIGHT:
@@ -178,7 +186,7 @@ def page(view: View, receipt: Receipt, attempts: Sequence[Row], audit: Sequence[
             ("expires at", when(receipt.expires_at)),
             ("event type", esc(receipt.event_type or "-")),
             ("payload hash", f"<code>{esc(receipt.payload_hash.hex())}</code>"),
-            ("failed attempts", esc(receipt.attempts)),
+            ("failed attempts", esc(attempts_line(receipt.attempts, len(attempts)))),
         ]
     )
     attempt_rows = [

@@ -5,6 +5,7 @@ of payloads."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import re
 from collections.abc import AsyncIterator
@@ -24,12 +25,14 @@ from receiver import (
     ActionFailed,
     ActionNeedsReview,
     Actions,
+    Backoff,
     Connection,
     Event,
     Provider,
     Receiver,
     Store,
 )
+from receiver._cli import main
 from receiver._console import Console
 from receiver._console import queries as console_queries
 from receiver._ledger import receipts as ledger
@@ -479,3 +482,50 @@ async def test_a_rerun_of_a_completed_queued_delivery_queues_it_again(store: Sto
         assert runs["q1"] == 2
     (row,) = await audit_rows(store)
     assert (row["action"], row["outcome"], row["fence"]) == ("rerun", "queued", 1)
+
+
+async def test_the_attempts_count_agrees_with_the_attempts_listed(
+    store: Store, store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A queued delivery failed, replayed by an operator (a fresh round of retries) and failed
+    again: the receipt's page and ``receiver inspect`` count the two attempts they list, and
+    say how many of them belong to the round since the replay."""
+    rx = Receiver(
+        store=store,
+        providers=[Provider("jobs", secrets=[SECRET], mode="queued", retry=Backoff(attempts=1))],
+        sweep_interval=None,
+    )
+
+    @rx.on("order.*")
+    async def order(event: Event, tx: Connection) -> None:
+        raise RuntimeError("downstream is down")
+
+    async with rx, Sender(rx, "jobs", SECRET) as sender:
+        webhook = sender.event("order.created", {"id": "q1"}, id="q1")
+        assert (await sender.send(webhook)).status == 202
+        await drain(rx)
+        console = rx.console()
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=console), base_url="http://console.test"
+        ) as client:
+            _, fence = await state_of(store, "jobs", "q1")
+            done = await post(
+                client,
+                "/replay",
+                provider="jobs",
+                id="q1",
+                fence=str(fence),
+                reason="retry",
+                operator="Ada",
+            )
+            assert done.status_code == 303, done.text
+            await drain(rx)
+            assert (await state_of(store, "jobs", "q1"))[0] == "failed"
+            page = (await client.get("/receipt", params={"provider": "jobs", "id": "q1"})).text
+    assert page.count("RuntimeError: downstream is down") == 2
+    assert "2 (1 since its last replay or re-queue)" in page
+    # The command reads the ledger in a loop of its own.
+    await asyncio.to_thread(main, ["inspect", "--store", store_url, "jobs", "q1"])
+    shown = capsys.readouterr().out
+    assert "attempts     2 (1 since its last replay or re-queue) failed" in shown
+    assert shown.count("RuntimeError: downstream is down") == 2
