@@ -41,7 +41,13 @@ def add_proxy_parser(sub: Any, add: Callable[..., None]) -> None:
     add(p, "paths", "comma-separated paths keyed (exact, or a prefix ending in /*); default all")
     add(p, "required", "comma-separated paths where a request without a key is 400", "")
     add(p, "key-header", "the header the upstream gets the key in ('' for none)", "Idempotency-Key")
-    add(p, "forward-key", "derived (per principal and key) or client", "derived")
+    add(
+        p,
+        "forward-key",
+        "derived (per principal and key) or client",
+        "derived",
+        choices=("derived", "client"),
+    )
     add(p, "principal-header", "whose keys: this header's value (default: hash of Authorization)")
     add(p, "reconcile", "an async function module:attribute asking the upstream what happened")
     p.add_argument(
@@ -85,6 +91,12 @@ def proxy_command(args: argparse.Namespace) -> int:
         raise ReceiverError("--upstream is required: the base URL requests are forwarded to")
     if args.metrics_port and args.workers > 1:
         raise ReceiverError("--metrics-port needs --workers 1 (each worker has its own metrics)")
+    if not args.timeout < args.lease <= args.ttl:
+        # Said in the flags' names: the proxy's own message names its Python parameters.
+        raise ReceiverError(
+            f"need --timeout ({args.timeout:g} s) < --lease ({args.lease:g} s) <= --ttl "
+            f"({args.ttl:g} s): an upstream call must end before its claim's lease does"
+        )
     options = {k: v for k, v in vars(args).items() if k != "command"}
     os.environ[_OPTIONS] = json.dumps(options)
     _app_from_environment()  # configuration errors before uvicorn starts

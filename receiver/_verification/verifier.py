@@ -132,8 +132,9 @@ def _load_secret(secret: str | bytes, what: str) -> bytes | Ed25519PublicKey | E
     prefix, sep, encoded = secret.partition("_")
     if not sep or prefix not in ("whsec", "whpk", "whsk"):
         raise ConfigurationError(
-            f"{what} has no whsec_, whpk_ or whsk_ prefix; prefix a base64 HMAC secret with "
-            "'whsec_', or pass the raw key as bytes"
+            f"{what} has no whsec_, whpk_ or whsk_ prefix: give the secret as the sender shows "
+            "it (whsec_ followed by base64); a raw HMAC key without a prefix can be given in "
+            "code, as bytes"
         )
     raw = _b64decode_key(encoded, what)
     if prefix == "whsec":

@@ -389,3 +389,14 @@ def test_serve_without_an_app_outside_a_clone_offers_no_demo(tmp_path: Path) -> 
     assert done.returncode == 2
     assert "no app to run: give --app module:attribute" in one_line_error(done)
     assert done.stdout == ""
+
+
+def test_the_proxy_names_its_flags_not_its_parameters() -> None:
+    done = receiver("proxy", "--upstream", "http://127.0.0.1:9", "--timeout", "90")
+    assert done.returncode == 2
+    line = one_line_error(done)
+    assert "need --timeout (90 s) < --lease (60 s) <= --ttl (86400 s)" in line
+    refused = receiver("proxy", "--upstream", "http://127.0.0.1:9", "--forward-key", "mine")
+    assert refused.returncode == 2
+    assert "--forward-key: invalid choice: 'mine'" in refused.stderr
+    assert "forward_key" not in refused.stderr

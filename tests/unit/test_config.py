@@ -294,8 +294,8 @@ def test_missing_environment_variable(write: Write) -> None:
 def test_malformed_secret_in_the_environment(write: Write) -> None:
     assert build_error(write, FULL, {**ENV, "BILLING_SECRET": "not-a-whsec"}) == (
         "receiver.toml:10: providers.billing.secrets_env[0]: the secret in BILLING_SECRET has no "
-        "whsec_, whpk_ or whsk_ prefix; prefix a base64 HMAC secret with 'whsec_', or pass the "
-        "raw key as bytes"
+        "whsec_, whpk_ or whsk_ prefix: give the secret as the sender shows it (whsec_ followed "
+        "by base64); a raw HMAC key without a prefix can be given in code, as bytes"
     )
     assert build_error(write, FULL, {**ENV, "GITHUB_SECRET": "secret\n"}) == (
         "receiver.toml:24: providers.gh.secrets_env[0]: the secret in GITHUB_SECRET starts or "
