@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import subprocess
@@ -61,3 +62,15 @@ def test_long_code_lines_wrap(site: Path) -> None:
     index = (site / "index.html").read_text()
     assert "stylesheets/code.css" in index
     assert "pre-wrap" in (site / "stylesheets" / "code.css").read_text()
+
+
+def test_the_examples_a_page_names_are_on_it_whole(site: Path) -> None:
+    """The mounting guide shows the example files the suite runs (snippets of the
+    repository), not a path into a repository the reader may not have."""
+    page = html.unescape(
+        re.sub(r"<[^>]+>", "", (site / "how-to" / "mounting" / "index.html").read_text())
+    )
+    for name in ("mounted.py", "fastapi_app.py", "standalone.py"):
+        for line in (ROOT / "examples" / name).read_text().splitlines():
+            assert line.strip() in page, f"{name}: {line}"
+    assert "--8<--" not in page
