@@ -51,7 +51,7 @@ from .outcomes import (
     final_answer,
 )
 from .providers import Provider
-from .rejections import answered_early, complete_early, counted, rejected, sent
+from .rejections import answered_early, complete_early, counted, fail_early, invalid, rejected, sent
 from .tracing import handler_span
 
 logger = get_logger("receiver")
@@ -257,7 +257,14 @@ class Execution:
             handlers = job.handlers
         if job.parsed.problem is not None:
             final = stored_error(400, "invalid_payload", job.parsed.problem)
-            await self._finish(job, fence, final, State.FAILED)
+            if answered_early(job):
+                # Its sender, answered 202, never sees the 400: the reason is the attempt's
+                # error (the parser's fixed text, never a payload value).
+                async with self.store.acquire() as conn, conn.transaction():
+                    error = invalid(job.parsed.problem)
+                    await fail_early(conn, job, fence, error, self.store.now())
+            else:
+                await self._finish(job, fence, final, State.FAILED)
             return Reply(replay(final, replayed=False), Outcome.INVALID, fence)
         if not handlers and answer is None:
             await self._finish(job, fence, IGNORED)

@@ -30,6 +30,9 @@ from .outcomes import Outcome
 
 logger = get_logger("receiver")
 
+#: The kind of error kept for a delivery answered 202 whose body cannot be run.
+INVALID = "InvalidPayload"
+
 
 def answered_early(job: Job) -> bool:
     """Whether ``job``'s sender was answered 202 before its handlers finished. For a delivery
@@ -85,6 +88,12 @@ async def fail_early(conn: Connection, job: Job, fence: int, error: str, now: fl
 async def _note(conn: Connection, key: Key, fence: int, error: str, now: float | None) -> None:
     await conn.run("note_failure", key.provider, key.webhook_id, fence, error)
     await conn.run("record_attempt", key.provider, key.webhook_id, fence, now, error)
+
+
+def invalid(problem: str) -> str:
+    """The error kept for a delivery answered 202 whose body cannot be run (``problem``: the
+    parser's fixed text)."""
+    return f"{INVALID}: {problem}; not retried"
 
 
 def counted(job: Job, fence: int, stored: StoredResponse, outcome: Outcome) -> Outcome:
