@@ -73,7 +73,7 @@ def inspect_command(args: argparse.Namespace) -> int:
         print(f"  fence {attempt['fence']} at {when(attempt['failed_at'])}: {error}")
     if receipt.response is not None:
         r = receipt.response
-        sent = " - the sender's answer, given when it was queued" if status is not None else ""
+        sent = " - the sender's answer, given before its handler finished" if status else ""
         print(f"response     {r.status} {r.content_type} ({len(r.body)} bytes){sent}")
         print("  " + r.body[:2000].decode("utf-8", "replace"))
     return 0

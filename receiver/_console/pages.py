@@ -316,9 +316,9 @@ def attention(view: View, which: str, provider: str, page: Page, providers: Sequ
         params = {"list": which, "provider": provider, "after": page.next.encode()}
         pager = link(url(view.root, "/attention", params), "older →")
     hint = {
-        "failed": "Final failures, queued deliveries their handlers rejected with a 4xx among "
-        "them: replay one once its cause is fixed (a queued one is queued again for the "
-        "workers).",
+        "failed": "Final failures, among them deliveries answered 202 (queued or handed off) "
+        "that their handlers then rejected with a 4xx: replay one once its cause is fixed (a "
+        "queued one is queued again for the workers).",
         "needs_review": "An external effect may or may not have happened: check the outside "
         "system, then resolve it (reconciled by hand), store it as failed, or replay it.",
         "released": "Handlers failed and the claim was given back: the sender's next retry runs "

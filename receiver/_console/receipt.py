@@ -46,13 +46,15 @@ def _state(receipt: Receipt) -> Html:
 
 
 def _rejected_note(receipt: Receipt) -> Html:
-    """Over the stored answer of a queued delivery its handler rejected: that answer is the
-    sender's 202, not the handler's."""
+    """Over the stored answer of a delivery answered 202 before its handler finished (queued,
+    or handed off) that its handler rejected: that answer is the sender's 202, not the
+    handler's."""
     status = queue.rejected_status(receipt.state, receipt.last_error)
     if status is None:
         return ""
     return (
-        "<p class='hint'>The sender's answer, given when the delivery was queued. Its handler "
+        "<p class='hint'>The sender's answer, given before its handler finished (queued, or "
+        "handed off at the sender's time limit). Its handler "
         f"answered {esc(status)} (see the failed attempts), which the sender never saw.</p>"
     )
 

@@ -48,6 +48,7 @@ OUTCOMES = (
     "queued",
     "shed",
     "handed_off",
+    "handler_rejected",
 )
 
 #: The ``reason`` label of shed deliveries (receiver/_webhooks/admission.py): past the bound on

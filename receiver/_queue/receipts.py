@@ -123,23 +123,25 @@ async def retry(
         return True
 
 
-#: The kind of error a queued receipt keeps when its handlers answered a final 4xx (see
-#: :func:`reject`).
+#: The kind of error a receipt keeps when its handlers answered a final 4xx its sender never
+#: saw, answered 202 before they finished (see :func:`reject`).
 REJECTED = "HandlerRejected"
 _REJECTED_PREFIX = f"{REJECTED}: the handler answered "
 
 
-def rejection(status: int) -> str:
-    """The error kept for a queued receipt whose handlers answered ``status`` (a final 4xx)."""
+def rejection(status: int, when: str = "queued") -> str:
+    """The error kept for a receipt whose handlers answered ``status`` (a final 4xx) after
+    its sender was answered 202, when the delivery was ``when`` (queued, or handed off)."""
     return (
         f"{_REJECTED_PREFIX}{status}, a final answer: not retried (its sender was answered "
-        "202 when the delivery was queued)"
+        f"202 when the delivery was {when})"
     )
 
 
 def rejected_status(state: State | str, last_error: str | None) -> int | None:
-    """The status a failed queued receipt's handlers answered when they rejected it; None if
-    they did not (a dead letter, a receipt that needs review, any other state)."""
+    """The status a failed receipt's handlers answered when they rejected it after its sender
+    was answered 202; None if they did not (a dead letter, a receipt that needs review, any
+    other state)."""
     if state != State.FAILED or not last_error or not last_error.startswith(_REJECTED_PREFIX):
         return None
     digits = last_error[len(_REJECTED_PREFIX) :].partition(",")[0]
@@ -147,15 +149,14 @@ def rejected_status(state: State | str, last_error: str | None) -> int | None:
 
 
 async def reject(
-    conn: Connection, key: Key, fence: int, status: int, now: float | None, window: float
+    conn: Connection, key: Key, fence: int, error: str, now: float | None, window: float
 ) -> None:
-    """Finish a queued receipt whose handlers answered ``status``, a final 4xx, under ``fence``
-    and in the caller's transaction (the one of the handlers' writes, which commit with it, as
-    an inline final answer's do): failed at once, with no retry (the answer is final), the
-    stored 202 kept for every redelivery, and the handlers' status kept as the attempt's error,
-    since the sender, answered 202 long ago, never sees it. LeaseLost if a newer attempt owns
-    it, so that the caller's transaction rolls back."""
-    error = rejection(status)
+    """Fail a queued receipt for good under ``fence`` and in the caller's transaction (the one
+    of the handlers' writes, which commit with it, as an inline final answer's do), with no
+    retry and ``error`` as the attempt's error: its handlers answered a final 4xx
+    (:func:`rejection`), or its body cannot be run. The stored 202 is kept for every
+    redelivery, and the body for a replay. LeaseLost if a newer attempt owns it, so that the
+    caller's transaction rolls back."""
     row = await conn.run(
         "queue_retry", key.provider, key.webhook_id, fence, error, now, 0.0, True, window
     )

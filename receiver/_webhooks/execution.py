@@ -51,7 +51,7 @@ from .outcomes import (
     final_answer,
 )
 from .providers import Provider
-from .rejections import complete_queued, counted, rejected
+from .rejections import answered_early, complete_early, counted, fail_early, invalid, rejected, sent
 from .tracing import handler_span
 
 logger = get_logger("receiver")
@@ -126,14 +126,15 @@ class Execution:
     async def _finish(
         self, job: Job, fence: int, stored: StoredResponse, state: State = State.COMPLETED
     ) -> None:
-        """:meth:`_complete`, or for a queued receipt the queue's completion (which keeps the
-        stored 202), batched like :meth:`_complete` where the store batches."""
-        if job.queued is None:
-            await self.shared.complete(job.claim.key, fence, stored, state)
-            return
+        """The fenced completion, batched where the store batches: ``stored``, or for a
+        delivery answered 202 before it finished (queued, handed off) that 202, and for its
+        handlers' final 4xx a failure (:mod:`.rejections`)."""
         if state is State.COMPLETED and rejected(job, stored):
             async with self.store.acquire() as conn, conn.transaction():
-                await complete_queued(conn, job, fence, stored, self.store.now())
+                await complete_early(conn, job, fence, stored, self.store.now())
+            return
+        if job.queued is None:
+            await self.shared.complete(job.claim.key, fence, sent(job, stored), state)
             return
         await self._queue_done.complete(job.claim.key, fence, state, job.queued.window)
 
@@ -256,11 +257,18 @@ class Execution:
             handlers = job.handlers
         if job.parsed.problem is not None:
             final = stored_error(400, "invalid_payload", job.parsed.problem)
-            await self._finish(job, fence, final, State.FAILED)
+            if answered_early(job):
+                # Its sender, answered 202, never sees the 400: the reason is the attempt's
+                # error (the parser's fixed text, never a payload value).
+                async with self.store.acquire() as conn, conn.transaction():
+                    error = invalid(job.parsed.problem)
+                    await fail_early(conn, job, fence, error, self.store.now())
+            else:
+                await self._finish(job, fence, final, State.FAILED)
             return Reply(replay(final, replayed=False), Outcome.INVALID, fence)
         if not handlers and answer is None:
             await self._finish(job, fence, IGNORED)
-            self._remember(job, IGNORED)
+            self._remember(job, sent(job, IGNORED))
             return Reply(replay(IGNORED, replayed=False), Outcome.IGNORED, fence)
         running = self._new_running(job, fence)
         self._running[key] = running
@@ -293,8 +301,9 @@ class Execution:
                     finished = True
                     self.wrote[identity(handlers)] = tx.in_transaction
                     stored = final_answer(answer or encode(result, self.encoder), key)
-                    if tx.in_transaction and job.queued is not None:
-                        await complete_queued(tx, job, fence, stored, self.store.now())
+                    early = answered_early(job)  # from here, a handoff's answer is fixed
+                    if tx.in_transaction and early:
+                        await complete_early(tx, job, fence, stored, self.store.now())
                     elif tx.in_transaction:
                         # The handlers wrote: their writes and the fenced completion commit
                         # together, or not at all.
@@ -339,11 +348,11 @@ class Execution:
             return await self._mark_for_review(job, fence, reason)
         if failure is not None:
             return await self._give_back(job, fence, failure)
-        self._remember(job, stored)
+        self._remember(job, sent(job, stored))
         outcome = counted(
             job, fence, stored, Outcome.EXECUTED if answer is None else Outcome.RECONCILED
         )
-        return Reply(replay(stored, replayed=False), outcome, fence)
+        return Reply(replay(sent(job, stored), replayed=False), outcome, fence)
 
     async def _call(self, handlers: Sequence[Handler], event: Event, conn: Connection) -> Any:
         """Run the handlers in order; the last non-None result is the answer."""
@@ -429,10 +438,10 @@ class Execution:
         nothing can say): every redelivery replays it; nothing runs again."""
         key = job.claim.key
         if job.queued is None:
+            # Handed off, its sender was answered 202: that stays its answer.
+            answer = sent(job, NEEDS_REVIEW)
             async with self.store.acquire() as conn:
-                await needs_review(
-                    conn, key, fence, NEEDS_REVIEW, reason, self.store.now(), self.metrics
-                )
+                await needs_review(conn, key, fence, answer, reason, self.store.now(), self.metrics)
         else:
             # A queued receipt keeps its stored 202: the queue's completion, then the alert.
             await self._finish(job, fence, NEEDS_REVIEW, State.FAILED)

@@ -30,7 +30,7 @@ from .execution import Execution
 from .jobs import Job, event_for, identity, may_share
 from .outcomes import Outcome, Reply, final_answer
 from .providers import Provider
-from .rejections import complete_queued, counted, rejected
+from .rejections import complete_early, counted, rejected, sent
 
 
 class Groups:
@@ -310,24 +310,36 @@ class Groups:
         """The group's fenced completions, pipelined; per member, False if its fence was
         stale. A group is all inline deliveries or all queued receipts."""
         now = self.steps.store.now()
-        if ran[0][0].queued is None:
-            completions = [
-                ledger.Completion(job.claim.key, fence, answer)
-                for (job, fence), answer in zip(ran, answers, strict=True)
-            ]
-            return await ledger.complete_many(tx, completions, now)
         held = [True] * len(ran)
-        done: list[tuple[int, queue.Done]] = []
+        rest: list[int] = []
         for i, ((job, fence), answer) in enumerate(zip(ran, answers, strict=True)):
-            if rejected(job, answer):  # a final 4xx: few, each a statement of its own
+            # A final 4xx of a delivery answered 202 before it finished (queued, or handed
+            # off): few, each a statement of its own.
+            if rejected(job, answer):
                 try:
-                    await complete_queued(tx, job, fence, answer, now)
+                    await complete_early(tx, job, fence, answer, now)
                 except LeaseLost:
                     held[i] = False
             else:
-                done.append(
-                    (i, queue.Done(job.claim.key, fence, State.COMPLETED, _queue_window(job)))
-                )
+                rest.append(i)
+        if ran[0][0].queued is None:
+            completions = [
+                ledger.Completion(ran[i][0].claim.key, ran[i][1], sent(ran[i][0], answers[i]))
+                for i in rest
+            ]
+            completed = await ledger.complete_many(tx, completions, now) if completions else []
+            for i, ok in zip(rest, completed, strict=True):
+                held[i] = ok
+            return held
+        done = [
+            (
+                i,
+                queue.Done(
+                    ran[i][0].claim.key, ran[i][1], State.COMPLETED, _queue_window(ran[i][0])
+                ),
+            )
+            for i in rest
+        ]
         completed = await queue.complete_many(tx, [d for _, d in done], now) if done else []
         for (i, _), ok in zip(done, completed, strict=True):
             held[i] = ok
@@ -335,13 +347,13 @@ class Groups:
 
     def _executed(self, job: Job, fence: int, answer: StoredResponse) -> Reply:
         """A member's reply once its completion stands: an inline delivery's stored answer
-        (remembered for replays, as alone); for a queued receipt, what the worker counts (the
-        sender's answer, the 202, is stored)."""
+        (remembered for replays, as alone: a handed-off one's is its 202); for a queued
+        receipt, what the worker counts (the sender's answer, the 202, is stored)."""
+        outcome = counted(job, fence, answer, Outcome.EXECUTED)
         if job.queued is not None:
-            outcome = counted(job, fence, answer, Outcome.EXECUTED)
             return Reply(replay(queue.QUEUED, replayed=False), outcome, fence)
-        self.steps._remember(job, answer)
-        return Reply(replay(answer, replayed=False), Outcome.EXECUTED, fence)
+        self.steps._remember(job, sent(job, answer))
+        return Reply(replay(sent(job, answer), replayed=False), outcome, fence)
 
     def _spill(self, group: _Group, ran: Sequence[tuple[Job, int]]) -> None:
         """The group's budget ran out: the members it has not begun start on their own now."""

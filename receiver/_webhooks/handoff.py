@@ -11,6 +11,14 @@ gets the in-flight answer; one after completion, the stored answer). If the proc
 the receipt's stored body lets the sweeper recover it once its lease has expired, as it
 recovers any interrupted inline attempt.
 
+Who answers the sender is decided once per delivery, by its :class:`Turn`: a delivery is
+handed off only while its handlers run (before its claim, its answer may be a replay or a
+conflict, which a 202 would contradict), and not once it has fixed its own answer (that
+answer is being stored: the request waits for it). A delivery handed off stores the 202 the
+sender got, so that every redelivery is answered the same, byte for byte; a final 4xx of its
+handlers fails the receipt instead, rejected by its handler, as a queued delivery's does
+(:mod:`.rejections`).
+
 The tasks are kept in :attr:`Handoffs.tasks` until they end; closing the Receiver waits for them
 up to :data:`GRACE` seconds, then cancels those left (their transactions roll back, and lease
 recovery finishes them).
@@ -45,6 +53,40 @@ def budget(timeout: float, waited: float) -> float:
     return max(0.0, timeout - waited - margin(timeout))
 
 
+class Turn:
+    """Whether one delivery's sender is answered by the delivery or was told 202 at its limit,
+    decided once (between awaits, so the two sides never both win)."""
+
+    __slots__ = ("answered", "began", "handed_off")
+
+    def __init__(self) -> None:
+        #: Set when the delivery's handlers begin: from then on it may be handed off.
+        self.began: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        #: The sender was answered 202 before the delivery finished.
+        self.handed_off = False
+        #: The delivery fixed its own answer: it is the sender's, and no handoff happens.
+        self.answered = False
+
+    def begin(self) -> None:
+        """The delivery has claimed its key and runs its handlers."""
+        if not self.began.done():
+            self.began.set_result(None)
+
+    def hand_off(self) -> bool:
+        """At the sender's limit: True (and the sender is told 202) if the delivery's handlers
+        are running and it has not fixed its answer."""
+        if self.began.done() and not self.answered:
+            self.handed_off = True
+        return self.handed_off
+
+    def answer(self) -> bool:
+        """The delivery is about to store its answer: True if its sender was told 202 already
+        (the 202 is what is stored), else False, and from now on it is not handed off."""
+        if not self.handed_off:
+            self.answered = True
+        return self.handed_off
+
+
 class Handoffs:
     """The deliveries of one Receiver that were answered before they finished."""
 
@@ -53,12 +95,21 @@ class Handoffs:
         #: Handed-off deliveries still running.
         self.tasks: set[asyncio.Task[Reply]] = set()
 
-    async def run(self, work: Coroutine[Any, Any, Reply], within: float) -> Reply | None:
+    async def run(
+        self, work: Coroutine[Any, Any, Reply], within: float, turn: Turn
+    ) -> Reply | None:
         """``work``'s result if it finishes within ``within`` seconds (or its exception), else
-        None: it goes on in the background, never cancelled."""
+        None once ``turn`` hands it off: it goes on in the background, never cancelled. Not yet
+        running its handlers at the limit, it is handed off once they begin; its own answer
+        already fixed, that answer is awaited."""
         task = asyncio.create_task(work)
         try:
             await asyncio.wait((task,), timeout=within)
+            if not task.done() and not turn.hand_off():
+                if not turn.answered:
+                    await asyncio.wait((task, turn.began), return_when=asyncio.FIRST_COMPLETED)
+                if not task.done() and not turn.hand_off():
+                    await asyncio.wait((task,))
         except asyncio.CancelledError:
             # The request was cancelled (the client went away): the delivery finishes anyway.
             self._keep(task)

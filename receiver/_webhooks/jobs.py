@@ -16,6 +16,7 @@ from .._queue import receipts as queue
 from .._verification.payload import Parsed
 from .events import Event
 from .handlers import Handler
+from .handoff import Turn
 from .providers import Provider
 
 
@@ -40,6 +41,9 @@ class Job:
     #: Set when a worker runs a queued receipt: it is finished, retried or failed by the
     #: queue's statements, which keep the sender's stored 202 (receiver/_queue/receipts.py).
     queued: queue.Queued | None = None
+    #: Set for an inline delivery that may be handed off at its sender's limit: whether its
+    #: sender was told 202 before it finished (receiver/_webhooks/handoff.py).
+    turn: Turn | None = None
 
 
 @dataclass(slots=True)

@@ -36,6 +36,7 @@ from .._store.base import Store
 from .execution import Execution
 from .groups import Groups, QueuedAttempt
 from .handlers import Registry
+from .handoff import Turn
 from .hints import Hints
 from .jobs import Job, has_external, queued_mode
 from .outcomes import Outcome, Reply, log_reply
@@ -84,10 +85,12 @@ class Pipeline(Execution):
         body: bytes,
         client: str | None = None,
         arrived: float | None = None,
+        turn: Turn | None = None,
     ) -> Reply:
         """Verify, claim, run the handlers and answer one delivery. ``arrived``: when it
         arrived (``time.perf_counter()``), if it waited before this call; the duration the
-        metrics and the log report starts there."""
+        metrics and the log report starts there. ``turn``: a delivery that may be handed off
+        at its sender's limit (:mod:`.handoff`)."""
         started = time.perf_counter() if arrived is None else arrived
         now = self.clock()
         try:
@@ -119,6 +122,7 @@ class Pipeline(Execution):
             timestamp=verified.timestamp,
             client=client,
         )
+        job.turn = turn
         queued = queued_mode(provider, job)
         running = None if queued else self._running.get(key)
         if running is not None and running.lease_until <= now:
@@ -288,6 +292,8 @@ class Pipeline(Execution):
                             },
                         )
             if fence is not None:
+                if job.turn is not None:
+                    job.turn.begin()  # from here, it may be handed off at its sender's limit
                 # In a group transaction where concurrent deliveries share one (PostgreSQL),
                 # else alone.
                 return await self.groups.run_inline(job, fence)

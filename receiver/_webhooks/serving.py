@@ -19,7 +19,7 @@ from .._ledger.responses import error, replay
 from .._ops.forwarded import TrustedProxies
 from .._queue.receipts import QUEUED
 from .admission import Admission, Ticket, shed_reply
-from .handoff import Handoffs, budget
+from .handoff import Handoffs, Turn, budget
 from .lifecycle import Lifecycle
 from .outcomes import Outcome, Reply
 from .providers import Provider
@@ -176,14 +176,15 @@ class Serving(Lifecycle):
         """The delivery as a task: its own answer if it finishes ``within`` seconds, else 202
         as queued mode answers, while it runs on to completion (receiver/_webhooks/handoff.py).
         It holds its place in admission until it ends."""
+        turn = Turn()
 
         async def work() -> Reply:
             try:
-                return await self._deliver_admitted(provider, headers, body, client, arrived)
+                return await self._deliver_admitted(provider, headers, body, client, arrived, turn)
             finally:
                 self.admission.leave(ticket)
 
-        reply = await self.handoffs.run(work(), within)
+        reply = await self.handoffs.run(work(), within, turn)
         if reply is None:
             reply = Reply(replay(QUEUED, replayed=False), Outcome.HANDED_OFF)
             self.pipeline._report(provider.name, None, None, reply, arrived, headers)
@@ -198,13 +199,19 @@ class Serving(Lifecycle):
         return reply
 
     async def _deliver_admitted(
-        self, provider: Provider, headers: Headers, body: bytes, client: str | None, arrived: float
+        self,
+        provider: Provider,
+        headers: Headers,
+        body: bytes,
+        client: str | None,
+        arrived: float,
+        turn: Turn | None = None,
     ) -> Reply:
         tracer = self.tracing.tracer()
         if tracer is None:
-            return await self.pipeline.deliver(provider, headers, body, client, arrived)
+            return await self.pipeline.deliver(provider, headers, body, client, arrived, turn)
         with self.tracing.delivery(tracer, provider.name, headers) as span:
-            reply = await self.pipeline.deliver(provider, headers, body, client, arrived)
+            reply = await self.pipeline.deliver(provider, headers, body, client, arrived, turn)
             span.finish(reply.outcome.value, reply.response.status_code, reply.fence, reply.detail)
         return reply
 

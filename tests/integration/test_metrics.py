@@ -188,8 +188,9 @@ async def test_each_outcome_moves_its_own_counter(store: Store) -> None:
 
 
 def test_the_outcome_label_values_are_the_pipelines() -> None:
-    # dead_letter ends a worker's attempt, never a delivery: it labels the queue's series only.
-    assert set(OUTCOMES) == {o.value for o in Outcome} - {"dead_letter", "handler_rejected"}
+    # dead_letter ends a worker's attempt, never a delivery: it labels the queue's series only
+    # (handler_rejected ends both: a handed-off delivery's and a worker's attempt).
+    assert set(OUTCOMES) == {o.value for o in Outcome} - {"dead_letter"}
     assert set(QUEUE_OUTCOMES) <= {o.value for o in Outcome}
     assert reason_of("missing_header:webhook-id") == "missing_header"
     assert reason_of("a custom verifier's own check") == "other"

@@ -6,6 +6,7 @@ retried, in ``receiver inspect``, ``receiver failed``, the console and the metri
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from typing import Any
 
 import httpx
@@ -15,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 from receiver import Event, Provider, Receiver, State, Store
 from receiver._cli.main import main
 from receiver._console import Console
+from receiver._ledger.receipts import Claim, Key
 from receiver._store.base import Connection
 from tests.integration.test_queued import QUEUED_BODY, drain, receipt
 from tests.support import EFFECTS_DDL, PROVIDER, SECRET, Clock, body_of, effects, signed
@@ -137,3 +139,44 @@ async def test_a_handlers_final_4xx_on_a_queued_delivery_is_a_visible_failure(
     assert "response     202 application/json (19 bytes) - the sender's answer" in out
     assert await asyncio.to_thread(main, ["inspect", PROVIDER, "ok-1", "--store", store_url]) == 0
     assert "REJECTED" not in capsys.readouterr().out
+
+
+async def test_a_queued_body_that_cannot_be_run_fails_with_its_reason(
+    store: Store, store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Queued mode answers a body that cannot be run 400 at once; one queued all the same (by
+    another program writing to the ledger) fails at its first attempt
+    with the reason as its error, never a payload value, the 202 kept, the body kept."""
+    clock = Clock()
+    rx = rejecting_receiver(store, clock)
+    window = rx.providers[PROVIDER].window.window
+    bodies = {
+        "not-json": b'{"card": "4242424242424242", ',
+        "no-type": b'{"data": {"card": "4242424242424242"}}',
+    }
+    reasons = {
+        "not-json": "InvalidPayload: the body is not valid JSON; not retried",
+        "no-type": 'InvalidPayload: the body must be a JSON object with a "type": a string of '
+        "1-255 characters without control characters; not retried",
+    }
+    async with rx:
+        for webhook_id, body in bodies.items():
+            digest = hashlib.sha256(body).digest()
+            claim = Claim(Key(PROVIDER, webhook_id), digest, None, body, store.now(), 30.0, window)
+            assert (await rx.pipeline.ingest.submit(claim)).inserted
+        assert await drain(rx) == {"invalid_payload": 2}
+        for webhook_id, body in bodies.items():
+            failed = await receipt(store, webhook_id)
+            assert failed.state is State.FAILED
+            assert failed.attempts == 1
+            assert failed.last_error == reasons[webhook_id]
+            assert failed.request_body == body
+            assert failed.response is not None
+            assert (failed.response.status, failed.response.body) == (202, QUEUED_BODY)
+        assert await drain(rx) == {}  # not retried
+    assert await asyncio.to_thread(main, ["failed", "--store", store_url]) == 0
+    out = capsys.readouterr().out
+    for webhook_id in bodies:
+        assert f"{PROVIDER}/{webhook_id}  failed  " in out
+    assert "InvalidPayload: the body is not valid JSON" in out
+    assert "4242" not in out
