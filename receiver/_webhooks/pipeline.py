@@ -33,11 +33,13 @@ from .._logging import get_logger
 from .._ops.metrics import Metrics
 from .._queue import receipts as queue
 from .._store.base import Store
+from . import resent
 from .execution import Execution
 from .groups import Groups, QueuedAttempt
 from .handlers import Registry
 from .hints import Hints
 from .jobs import Job, has_external, queued_mode
+from .legacy import LegacyKeys
 from .outcomes import Outcome, Reply, log_reply
 from .providers import Provider
 from .recovery import Recovery
@@ -76,6 +78,8 @@ class Pipeline(Execution):
         self.groups = Groups(self)
         #: The unsigned delivery ids seen per key, for key-drift alerts only.
         self.hints = Hints()
+        #: Receipts stored under a scheme's earlier key (receiver/_webhooks/legacy.py).
+        self.legacy = LegacyKeys(store)
 
     async def deliver(
         self,
@@ -119,6 +123,13 @@ class Pipeline(Execution):
             timestamp=verified.timestamp,
             client=client,
         )
+        try:
+            job = await self.legacy.rekey(provider, job)
+        except StoreUnavailable as exc:
+            reply = self._unavailable(exc)
+            self._report(provider.name, key.webhook_id, None, reply, started, headers)
+            return reply
+        key = job.claim.key
         queued = queued_mode(provider, job)
         running = None if queued else self._running.get(key)
         if running is not None and running.lease_until <= now:
@@ -136,7 +147,7 @@ class Pipeline(Execution):
                 reply = self._busy(running.fence, wait)
         else:
             try:
-                reply = await (self._enqueue(job) if queued else self._claim_and_run(job))
+                reply = await (self._enqueue(job) if queued else self._claim_and_run(provider, job))
             except StoreUnavailable as exc:
                 reply = self._unavailable(exc)
         # A delivery that failed for good: tell the sender not to retry, where it has a way.
@@ -252,7 +263,7 @@ class Pipeline(Execution):
         # In flight under an inline attempt (the mode changed), or taken over meanwhile.
         return self._in_flight(receipt)
 
-    async def _claim_and_run(self, job: Job) -> Reply:
+    async def _claim_and_run(self, provider: Provider, job: Job) -> Reply:
         """Claim the key (one connection, one statement in the common case), then run."""
         claim = job.claim
         key = claim.key
@@ -261,6 +272,9 @@ class Pipeline(Execution):
             if isinstance(got, ledger.Claimed):
                 job.drift = got.drift
                 fence: int | None = got.fence
+                settled = await resent.settle(self, provider, job, got.fence) if got.drift else None
+                if settled is not None:
+                    return settled
             else:
                 receipt = got
                 decision = ledger.decide(receipt, claim.payload_hash)

@@ -279,7 +279,7 @@ def test_scheme_secrets_and_tolerance_come_through(write: Write) -> None:
             "x-github-event": "push",
         }
     )
-    assert rx.providers["gh"].verifier.verify(github, body, NOW).hint == "d-1"
+    assert rx.providers["gh"].verifier.verify(github, body, NOW).webhook_id == "d-1"
 
 
 def test_missing_environment_variable(write: Write) -> None:
