@@ -301,6 +301,11 @@ class Pipeline(Execution):
                                 "fence": fence,
                             },
                         )
+                if fence is not None and provider.same_content != "run":
+                    # Given back while the content it repeats was in flight: judged again.
+                    settled = await resent.settle(self, provider, job, fence)
+                    if settled is not None:
+                        return settled
             if fence is not None:
                 # In a group transaction where concurrent deliveries share one (PostgreSQL),
                 # else alone.

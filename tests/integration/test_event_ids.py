@@ -7,6 +7,7 @@ the body-digest keys of earlier releases keep answering their events' redeliveri
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import urllib.parse
@@ -251,6 +252,74 @@ async def test_opted_in_the_same_content_under_a_new_id_does_not_run(
     assert (again.status_code, again.body) == (resent.status_code, resent.body)
 
 
+async def test_absorbing_waits_for_the_first_to_finish(store: Store) -> None:
+    """The same content under a new id while the first delivery's handler still runs: 409, so
+    that the sender retries; its retry, once the first finished, is absorbed."""
+    rx = Receiver(
+        store,
+        [Provider("github", verifier=GitHub([SECRET]), same_content="absorb")],
+        clock=Clock(T0),
+        sweep_interval=None,
+    )
+    running, release = asyncio.Event(), asyncio.Event()
+    runs: collections.Counter[str] = collections.Counter()
+
+    @rx.on("*")
+    async def slow(event: Event, tx: Connection) -> dict[str, str]:
+        runs[event.id] += 1
+        running.set()
+        await release.wait()
+        return {"ran": event.id}
+
+    async with rx:
+        first = asyncio.create_task(rx.deliver("github", github("guid-1"), ISSUE))
+        await running.wait()
+        busy = await rx.deliver("github", github("guid-2"), ISSUE)
+        release.set()
+        done = await first
+        retried = await rx.deliver("github", github("guid-2"), ISSUE)
+    assert busy.status_code == 409
+    assert "retry-after" in busy.headers
+    assert (retried.status_code, retried.body) == (200, done.body)
+    assert retried.headers["idempotent-replayed"] == "true"
+    assert runs == {"guid-1": 1}
+
+
+async def test_absorbing_never_waits_on_a_delivery_given_back(store: Store) -> None:
+    """The first delivery fails (released for its sender's retry) after the copy under a new id
+    was told to come back: the copy's retry runs (nothing else will answer it), and the first
+    one's retry is then absorbed. Neither waits on the other for ever."""
+    rx = Receiver(
+        store,
+        [Provider("github", verifier=GitHub([SECRET]), same_content="absorb")],
+        clock=Clock(T0),
+        sweep_interval=None,
+    )
+    running, release = asyncio.Event(), asyncio.Event()
+    runs: collections.Counter[str] = collections.Counter()
+
+    @rx.on("*")
+    async def flaky(event: Event, tx: Connection) -> dict[str, str]:
+        runs[event.id] += 1
+        if event.id == "guid-1" and runs[event.id] == 1:
+            running.set()
+            await release.wait()
+            raise RuntimeError("the downstream is down")
+        return {"ran": event.id}
+
+    async with rx:
+        first = asyncio.create_task(rx.deliver("github", github("guid-1"), ISSUE))
+        await running.wait()
+        busy = await rx.deliver("github", github("guid-2"), ISSUE)
+        release.set()
+        failed = await first
+        copy = await rx.deliver("github", github("guid-2"), ISSUE)
+        retried = await rx.deliver("github", github("guid-1"), ISSUE)
+    assert [busy.status_code, failed.status_code, copy.status_code] == [409, 500, 200]
+    assert (retried.body, retried.headers["idempotent-replayed"]) == (copy.body, "true")
+    assert runs == {"guid-1": 1, "guid-2": 1}
+
+
 async def test_same_content_is_checked_at_start_up() -> None:
     from receiver import ConfigurationError
 
@@ -337,8 +406,19 @@ async def test_no_receipt_of_an_earlier_release_costs_no_lookup_per_delivery(
 
 # -- the property ------------------------------------------------------------------------------
 
-BODIES = [PRODUCT, ISSUE, b'{"id": 1}']
+BODIES = [PRODUCT, ISSUE, b'{"action": "closed"}']
 TOPICS = ["products/create", "products/update"]
+SENDERS = ["shopify", "github", "twilio"]
+
+
+def genuine(sender: str, event_id: str, body: bytes, topic: str) -> tuple[dict[str, str], bytes]:
+    """One attempt of a genuine event, as its sender sends every attempt of it."""
+    if sender == "shopify":
+        return shopify(event_id, topic, body), body
+    if sender == "github":
+        return github(event_id, body, topic.partition("/")[2]), body
+    params = [("CallSid", "CA1"), ("Digits", str(len(body) % 3)), ("CallStatus", topic[-6:])]
+    return twilio(event_id, params), form(params)
 
 
 @settings(
@@ -346,29 +426,32 @@ TOPICS = ["products/create", "products/update"]
 )
 @given(
     events=st.lists(
-        st.tuples(st.sampled_from(BODIES), st.sampled_from(TOPICS), st.integers(1, 3)),
+        st.tuples(
+            st.sampled_from(SENDERS),
+            st.sampled_from(BODIES),
+            st.sampled_from(TOPICS),
+            st.integers(1, 3),
+        ),
         min_size=1,
         max_size=8,
     ),
     order=st.randoms(use_true_random=False),
 )
 async def test_distinct_events_never_merge_and_retries_never_run_twice(
-    store: Store, events: list[tuple[bytes, str, int]], order: Any
+    store: Store, events: list[tuple[str, bytes, str, int]], order: Any
 ) -> None:
-    """Whatever the bodies and topics (the same ones often), however often each event is
-    retried and in whatever order: every genuine event runs exactly once."""
+    """Whatever the senders, bodies and types (the same ones often), however often each event
+    is retried and in whatever order: every genuine event runs exactly once."""
     async with store.acquire() as conn:
         await conn.execute("DELETE FROM receiver_receipts")
     rx, runs = build(store, Clock(T0))
-    sends = [
-        (f"e-{n}", body, topic)
-        for n, (body, topic, times) in enumerate(events)
-        for _ in range(times)
-    ]
+    sends = [(n, sender, body, topic) for n, (sender, body, topic, times) in enumerate(events)
+             for _ in range(times)]  # fmt: skip
     order.shuffle(sends)
     async with rx:
-        for event_id, body, topic in sends:
-            answer = await rx.deliver("shopify", shopify(event_id, topic, body), body)
+        for n, sender, body, topic in sends:
+            headers, sent = genuine(sender, f"e-{n}", body, topic)
+            answer = await rx.deliver(sender, headers, sent)
             assert answer.status_code == 200
-    expected = {("shopify", f"e-{n}", topic): 1 for n, (_, topic, _) in enumerate(events)}
-    assert runs == expected
+    ran = collections.Counter((provider, event_id) for provider, event_id, _ in runs.elements())
+    assert ran == {(sender, f"e-{n}"): 1 for n, (sender, _, _, _) in enumerate(events)}

@@ -159,12 +159,13 @@ ORDER BY fence;
 -- name: same_content
 -- The first receipt of provider $1 in the window with the same payload hash ($2) and event type
 -- ($4) under another key than $3: the event a delivery repeats (Provider(same_content=...),
--- the console's receipt page). Read through receiver_receipts_payload_hash.
+-- the console's receipt page). Not a released one: it has no answer, and waits for its own
+-- sender's retry. Read through receiver_receipts_payload_hash.
 SELECT webhook_id, state, response_status, response_content_type, response_body,
        response_headers
 FROM receiver_receipts
 WHERE provider = $1 AND payload_hash = $2 AND webhook_id <> $3
-  AND event_type IS NOT DISTINCT FROM $4
+  AND event_type IS NOT DISTINCT FROM $4 AND state <> 'released'
   AND expires_at > COALESCE(to_timestamp($5::float8), statement_timestamp())
 ORDER BY claimed_at, webhook_id
 LIMIT 1;

@@ -128,7 +128,7 @@ SELECT webhook_id, state, response_status, response_content_type, response_body,
        response_headers
 FROM receiver_receipts AS d INDEXED BY receiver_receipts_payload_hash
 WHERE d.provider = ?1 AND d.payload_hash = ?2 AND d.webhook_id <> ?3
-  AND d.event_type IS ?4
+  AND d.event_type IS ?4 AND d.state <> 'released'
   AND d.expires_at > COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0)
 ORDER BY d.claimed_at, d.webhook_id
 LIMIT 1;
