@@ -41,11 +41,11 @@ class LegacyKeys:
     async def rekey(self, provider: Provider, job: Job) -> Job:
         """``job`` under its earlier key where a receipt of the same event is stored there,
         else ``job`` as it is. Raises StoreUnavailable as any ledger read does."""
-        earlier = legacy_key_of(provider.verifier, job.claim.body)
-        if earlier is None or earlier == job.claim.key.webhook_id:
-            return job
         until = self._until.get(provider.name)
         if until is not None and time.monotonic() >= until:
+            return job  # the transition is over: not even the earlier key is computed
+        earlier = legacy_key_of(provider.verifier, job.claim.body)
+        if earlier is None or earlier == job.claim.key.webhook_id:
             return job
         async with self.store.acquire() as conn:
             if until is None:

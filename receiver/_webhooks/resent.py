@@ -51,7 +51,7 @@ async def settle(execution: Execution, provider: Provider, job: Job, fence: int)
             claim.event_type,
             claim.now,
         )
-        if other is None:  # the same payload under another type: another event
+        if other is None:  # gone meanwhile (expired), or released: waiting for its own retry
             return None
         if provider.same_content == "hold":
             reason = f"held: the same content was received as {other['webhook_id']!r}"

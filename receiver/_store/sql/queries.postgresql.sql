@@ -7,9 +7,9 @@
 -- The arbiter: one statement, one round trip. If the insert wins, the row says so (claimed,
 -- fence 1) and whether the same payload of the same type is already in the window under another
 -- webhook-id (key drift: a sender that regenerates ids on retry defeats dedup, or a captured
--- delivery re-sent under a new unsigned id; receiver/_webhooks/resent.py). If it loses, the row is the
--- existing receipt (without its request body). No row at all: the conflicting claim committed
--- after this statement's snapshot was taken; the caller looks the key up again.
+-- delivery re-sent under a new unsigned id; receiver/_webhooks/resent.py). If it loses, the row
+-- is the existing receipt (without its request body). No row at all: the conflicting claim
+-- committed after this statement's snapshot was taken; the caller looks the key up again.
 -- Time is the database's ($5 NULL) unless the store was given a clock: leases and expiry are
 -- never judged by each replica's own clock. $6 and $7 are the lease and the window in seconds;
 -- "now" comes back so that the caller decides with the same clock. ON CONFLICT names no

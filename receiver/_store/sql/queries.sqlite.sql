@@ -5,10 +5,10 @@
 -- name: claim
 -- The arbiter: one statement. A row back means this caller owns the key with fence 1, and
 -- whether the same payload of the same type is already in the window under another webhook-id
--- (key drift: a sender that regenerates ids on retry defeats dedup; one lookup of the payload-hash index,
--- named because without statistics SQLite would walk the primary key by provider); no row,
--- that the key exists (the caller looks it up: SQLite has no INSERT inside WITH, and a second
--- statement costs no network round trip here).
+-- (key drift: a sender that regenerates ids on retry defeats dedup; one lookup of the
+-- payload-hash index, named because without statistics SQLite would walk the primary key by
+-- provider); no row, that the key exists (the caller looks it up: SQLite has no INSERT inside
+-- WITH, and a second statement costs no network round trip here).
 -- Time is the database's (?5 NULL: julianday('now'), the same for the whole statement) unless
 -- the store was given a clock; ?6 and ?7 are the lease and the window in seconds.
 INSERT INTO receiver_receipts
