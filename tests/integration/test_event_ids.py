@@ -455,3 +455,25 @@ async def test_distinct_events_never_merge_and_retries_never_run_twice(
             assert answer.status_code == 200
     ran = collections.Counter((provider, event_id) for provider, event_id, _ in runs.elements())
     assert ran == {(sender, f"e-{n}"): 1 for n, (sender, _, _, _) in enumerate(events)}
+
+
+async def test_racing_copies_of_one_event_run_it_once(store: Store) -> None:
+    """50 concurrent copies of one Shopify event (one event id, each copy from another
+    subscription) released through one barrier, beside 10 copies of another topic's event with
+    the same body: each event runs once, every other copy is a replay or a 409."""
+    rx, runs = build(store, Clock(T0))
+    copies = [shopify("e-1", "products/create", webhook_id=f"w-{n}") for n in range(50)]
+    copies += [shopify("e-2", "products/update", webhook_id=f"u-{n}") for n in range(10)]
+    barrier = asyncio.Barrier(len(copies))
+
+    async def one(headers: dict[str, str]) -> int:
+        await barrier.wait()
+        return (await rx.deliver("shopify", headers, PRODUCT)).status_code
+
+    async with rx:
+        statuses = await asyncio.gather(*(one(h) for h in copies))
+    assert set(statuses) <= {200, 409}
+    assert runs == {
+        ("shopify", "e-1", "products/create"): 1,
+        ("shopify", "e-2", "products/update"): 1,
+    }
