@@ -104,6 +104,8 @@ _PROVIDER_KEYS = (
     "shed_status",
     # Inline deliveries still running when the sender's time is nearly spent: answered 202.
     "handoff",
+    # The same content already in the window under another id: "run", "hold" or "absorb".
+    "same_content",
 )
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -327,6 +329,13 @@ class _Parser:
                 f"expected true or false (answer 202 and finish in the background when the "
                 f"sender's time is nearly spent), got {show(handoff)}",
             )
+        same_content = table.get("same_content", "run")
+        if same_content not in ("run", "hold", "absorb"):
+            raise self.error(
+                (*key, "same_content"),
+                f'expected "run", "hold" (for review) or "absorb" (answered as a duplicate), '
+                f"got {show(same_content)}",
+            )
         return ProviderConfig(
             name=name,
             scheme=scheme,
@@ -343,6 +352,7 @@ class _Parser:
             timeout=timeout,
             shed_status=shed_status,
             handoff=handoff,
+            same_content=same_content,
         )
 
     def dedup_key(self, key: Key, value: object) -> tuple[str, ...] | None:

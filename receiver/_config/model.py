@@ -24,7 +24,7 @@ from .._verification.twilio import Twilio
 from .._verification.verifier import StandardWebhooks, Verifier, _load_secret
 from .._webhooks.app import Receiver
 from .._webhooks.handlers import Mode
-from .._webhooks.providers import Provider
+from .._webhooks.providers import Provider, SameContent
 from .._webhooks.schedules import DedupWindow
 from .toml_source import Key, located
 
@@ -59,6 +59,8 @@ class ProviderConfig:
     shed_status: int = 503
     #: Inline deliveries still running near the sender's limit are answered 202.
     handoff: bool = False
+    #: The same content already in the window under another id: run, hold or absorb it.
+    same_content: SameContent = "run"
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,7 @@ class Config:
             timeout=config.timeout,
             shed_status=config.shed_status,
             handoff=config.handoff,
+            same_content=config.same_content,
         )
 
     def _register_func(self, index: int, spec: str) -> RegisterFunc:

@@ -456,7 +456,9 @@ class Console:
     async def _receipt(self, request: Request, view: pages.View) -> tuple[str, Html]:
         found, attempts, audit = await self.lookup(request)
         title = f"{found.key.provider} / {found.key.webhook_id}"
-        return title, receipt.page(view, found, attempts, audit)
+        async with self.store.acquire() as conn:
+            same = await receipt.same_content(conn, found)
+        return title, receipt.page(view, found, attempts, audit, same)
 
     async def _audit(self, request: Request, view: pages.View) -> tuple[str, Html]:
         before = queries.audit_cursor(request.query_params.get("before", ""))

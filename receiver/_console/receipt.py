@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from .._ledger import keyed
 from .._ledger.receipts import Receipt, State
 from .._queue import receipts as queue
-from .._store.base import Row
+from .._store.base import Connection, Row
 from .html import Html, badge, duration, esc, fields, form, link, table, url, when
 from .pages import View, idem_parts, receipt_href
 from .queries import AuditRow
@@ -164,7 +164,43 @@ def attempts_line(current: int, kept: int) -> str:
     return f"{kept} ({current} since its last replay or re-queue)"
 
 
-def page(view: View, receipt: Receipt, attempts: Sequence[Row], audit: Sequence[AuditRow]) -> Html:
+async def same_content(conn: Connection, receipt: Receipt) -> str | None:
+    """The id of another webhook receipt of the provider in the window with the same payload
+    and event type (key drift: the same signed content under two ids), or None."""
+    if keyed.namespace(receipt.key.provider) is not None:
+        return None
+    key = receipt.key
+    row = await conn.run(
+        "same_content",
+        key.provider,
+        receipt.payload_hash,
+        key.webhook_id,
+        receipt.event_type,
+        receipt.now,
+    )
+    return None if row is None else str(row["webhook_id"])
+
+
+def _drift(view: View, receipt: Receipt, other: str | None) -> Html:
+    if other is None:
+        return "-"
+    href = receipt_href(view, receipt.key.provider, other)
+    return (
+        badge("key drift", "stale")
+        + " also received as "
+        + link(href, other)
+        + " <span class='hint'>(a sender repeating content under a new id, or a captured "
+        "delivery re-sent: Provider(same_content=...) decides)</span>"
+    )
+
+
+def page(
+    view: View,
+    receipt: Receipt,
+    attempts: Sequence[Row],
+    audit: Sequence[AuditRow],
+    same: str | None = None,
+) -> Html:
     now = receipt.now
     if receipt.state is State.IN_FLIGHT:
         lease = (
@@ -188,6 +224,7 @@ def page(view: View, receipt: Receipt, attempts: Sequence[Row], audit: Sequence[
             ("expires at", when(receipt.expires_at)),
             ("event type", esc(receipt.event_type or "-")),
             ("payload hash", f"<code>{esc(receipt.payload_hash.hex())}</code>"),
+            ("same content", _drift(view, receipt, same)),
             ("failed attempts", esc(attempts_line(receipt.attempts, len(attempts)))),
         ]
     )

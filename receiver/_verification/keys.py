@@ -35,7 +35,7 @@ import orjson
 from starlette.datastructures import Headers
 
 from .._exceptions import ConfigurationError, MalformedRequest
-from .payload import _form
+from .payload import _form, attempt_field_of
 from .verifier import VerifiedDelivery, Verifier
 
 __all__ = [
@@ -229,15 +229,22 @@ class KeyedVerifier:
     def stop_retry(self) -> tuple[tuple[str, str], ...]:
         return stop_retry_of(self.inner)
 
+    @property
+    def attempt_field(self) -> str | None:
+        """The inner scheme's per-attempt field (the key changes nothing of the fingerprint)."""
+        return attempt_field_of(self.inner)
+
     def __repr__(self) -> str:
         return f"{self.inner!r} keyed by {self.key.describe()}"
 
 
 def key_of(verifier: Verifier, body: bytes, sender_id: str) -> str:
     """The ledger key a live delivery of ``body`` gets from ``verifier``, for a delivery that
-    did not come through it (``Receiver.enqueue_many``): every scheme keys on what its sender
-    signs, so the body decides, as it did live. A verifier of the user's own that cannot say
-    (no ``key_of``) keys on ``sender_id``, its delivery id."""
+    did not come through it (``Receiver.enqueue_many``): the sender's event id, read from the
+    signed body where the sender puts it there (Stripe, Slack, Paddle, Zoom, Linear), else
+    ``sender_id``, the id the sender put in its header (Standard Webhooks' webhook-id, GitHub's
+    delivery GUID, Shopify's event id, Twilio's token), as it was live. A verifier of the
+    user's own that cannot say (no ``key_of``) keys on ``sender_id`` too."""
     method = getattr(verifier, "key_of", None)
     if method is None:
         return sender_id

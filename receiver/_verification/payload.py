@@ -27,10 +27,13 @@ scheme gives the event type (the type is then not read from the body): its paylo
 each name's value (a list of values for a repeated name), hashed in a domain of its own so that
 it never equals a JSON payload's hash.
 
-One field of one sender is left out of a webhook payload's fingerprint: a top-level integer
+One field of one sender is left out of that sender's payload fingerprints: a top-level integer
 ``"webhookTimestamp"``, Linear's time of the attempt, inside the signed body and refreshed on
 every retry (its SDK refuses one older than a minute). Kept in, every Linear retry would be a
-payload mismatch. The handlers' payload keeps it.
+payload mismatch. The scheme names the field (``Linear.attempt_field``, read through
+:func:`attempt_field_of`); every other provider's payload is fingerprinted whole, so that two
+payloads that differ only in a field of that name are two payloads. The handlers' payload
+keeps it.
 """
 
 from __future__ import annotations
@@ -116,12 +119,19 @@ class NotJSON(ValueError):
     """The body is not JSON, or is nested too deep to normalize."""
 
 
-def parse(body: bytes, event_type: str | None) -> Parsed:
+def attempt_field_of(verifier: object) -> str | None:
+    """The per-attempt field a scheme's sender refreshes inside the signed body (Linear's
+    ``webhookTimestamp``), left out of its fingerprints; None for every other scheme."""
+    field = getattr(verifier, "attempt_field", None)
+    return field if isinstance(field, str) and field else None
+
+
+def parse(body: bytes, event_type: str | None, attempt_field: str | None = None) -> Parsed:
     """Parse the verified body once. The hash is of the normalized payload (sorted keys, no
-    insignificant whitespace, numbers by the rule above), so a re-serialized redelivery still
-    matches its receipt."""
+    insignificant whitespace, numbers by the rule above, without a top-level integer
+    ``attempt_field``), so a re-serialized redelivery still matches its receipt."""
     try:
-        payload, normalized_form = normalized(body, attempt_field=ATTEMPT_FIELD)
+        payload, normalized_form = normalized(body, attempt_field=attempt_field)
     except NotJSON as exc:
         form = _form(body) if event_type is not None else None
         if form is None:

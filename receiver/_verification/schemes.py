@@ -16,12 +16,15 @@ HMAC-SHA256 under a shared secret, given as ``str`` (its UTF-8 bytes are the key
 
     scheme   id (the ledger key)   event type                      timestamp (unix seconds)
     Stripe   body "id"             None: the body's "type"         t, within tolerance
-    GitHub   sha256 of the body    X-GitHub-Event[.body "action"]  None
-    Shopify  sha256 of the body    X-Shopify-Topic                 X-Shopify-Triggered-At, unchecked
+    GitHub   X-GitHub-Delivery     X-GitHub-Event[.body "action"]  None
+    Shopify  X-Shopify-Event-Id    X-Shopify-Topic                 X-Shopify-Triggered-At, unchecked
     Slack    body "event_id"       body event.type, else "type"    X-Slack-Request-Timestamp, idem
 
-The rule for every scheme: the ledger key comes from what the sender signs, so that a captured
-delivery re-sent with headers of the replayer's choosing always lands on the key it had.
+The rule for every scheme: the ledger key is the sender's documented event identity, so that a
+genuine event is never merged with another and a genuine retry lands on its first key. Where
+that identity is signed (Stripe, Slack), a replayer cannot choose it; where it is an unsigned
+header (GitHub, Shopify), the same signed content arriving under a new id is reported as key
+drift (docs/explanation/keys.md says per scheme why, and what a captured delivery can do).
 
 Stripe (https://docs.stripe.com/webhooks#verify-manually; the SDK's ``stripe.WebhookSignature``):
 the key is the whole ``whsec_...`` endpoint secret as text; unlike Standard Webhooks' ``whsec_``
@@ -34,18 +37,20 @@ duplicate events"); it is read from the body after the signature verifies.
 
 GitHub (https://docs.github.com/en/webhooks/using-webhooks/validating-webhook-deliveries and
 https://docs.github.com/en/webhooks/webhook-events-and-payloads#delivery-headers): the legacy
-SHA-1 ``X-Hub-Signature`` is never accepted. The signature covers the body only, so the key
-is the body's SHA-256: a redelivery resends the same bytes, and ``X-GitHub-Delivery``, which
-anyone can rewrite, is only the delivery's hint (for key-drift alerts). The event type is
+SHA-1 ``X-Hub-Signature`` is never accepted. The key is ``X-GitHub-Delivery``, the event's GUID,
+which GitHub keeps on a redelivery; it is not signed, and GitHub documents no rule that makes
+two events' bodies differ, so the body alone would not do as a key. The event type is
 ``X-GitHub-Event``, plus ``"." + action`` when the JSON body has a string ``"action"``
 (``"issues.opened"``), so ``"issues.*"`` patterns work. Configure the webhook's content type
 as ``application/json``: a form-encoded body (``Content-Type: application/x-www-form-urlencoded``)
 verifies, then is refused with 400 ``content_type``.
 
 Shopify (https://shopify.dev/docs/apps/build/webhooks/verify-deliveries and .../delivery-structure):
-the key is the app's client secret. The signature covers the body only, so the ledger key is
-the body's SHA-256 (a retry resends the same bytes); ``X-Shopify-Webhook-Id``, which Shopify
-keeps across its retries but does not sign, is only the delivery's hint. The type is the
+the key is the app's client secret. The ledger key is ``X-Shopify-Event-Id``, Shopify's
+documented duplicate test (https://shopify.dev/docs/apps/build/webhooks/ignore-duplicates),
+else ``X-Shopify-Webhook-Id`` (kept across Shopify's retries) where a delivery has no event id.
+Neither is signed, and the body cannot be the key: one change of a product fires
+``products/create`` and ``products/update`` with the same body. The type is the
 topic as sent, ``"orders/create"``: handler patterns are prefixes ending in ``".*"``, so register
 exact topics or ``"*"``. ``X-Shopify-Triggered-At`` becomes the timestamp when it parses as
 ISO-8601 with an offset; it is not signed, so it is never a reason to refuse a delivery.
@@ -59,10 +64,10 @@ delivery: register ``rx.on("url_verification", provider=...)`` returning
 verifies, then is refused with 400 ``event_id``: they are not Events API deliveries.
 
 Caveat for GitHub and Shopify: their signatures cover the body only, not the id or type headers.
-Someone who captured a delivery can re-send it under any delivery id: it lands on the key it
-had and is answered from the ledger. They can also re-send it under another type header, which
-lands on the same key too (two deliveries with byte-identical bodies are one event, whatever
-their types say). Serve them over TLS only.
+Someone who captured a delivery can re-send it under a new id: it gets a key of its own, and
+the receiver reports the same signed content under another id in the window (the key-drift
+alert and metric, the console's receipt page); ``Provider(same_content="hold")`` or
+``"absorb"`` keeps it from running. Serve them over TLS only.
 
 Verification is total, as in :mod:`receiver._verification.verifier`: for any headers and body,
 ``verify``
@@ -74,6 +79,7 @@ the signature (401), and the body (400) only after the signature verifies. ``che
                                                  library requires the domain, version and id too)
     duplicate_header:<name>   MalformedRequest   a header we read was sent more than once
     webhook_id                MalformedRequest   the id header is not 1-255 visible ASCII
+                                                 (GitHub, Shopify: the event id header)
     event_type                MalformedRequest   the type is not 1-255 visible ASCII
     timestamp                 MalformedRequest   not canonical decimal unix seconds (<= 11 digits)
     timestamp                 VerificationError  outside the tolerance ("too old" / "too new")
@@ -100,6 +106,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from .._exceptions import ConfigurationError, MalformedRequest, VerificationError
+from .ids import body_key, id_header
 from .spelling import NEVER, canonical_b64, hex_digest
 from .verifier import MAX_SIGNATURE_ENTRIES, MAX_SIGNATURE_HEADER, VerifiedDelivery
 
@@ -112,7 +119,6 @@ __all__ = [
     "Shopify",
     "Slack",
     "Stripe",
-    "body_key",
     "sign_github",
     "sign_shopify",
     "sign_slack",
@@ -221,20 +227,6 @@ def _json_object(body: bytes) -> dict[str, Any] | None:
     except orjson.JSONDecodeError:  # also invalid UTF-8 and nesting too deep
         return None
     return payload if isinstance(payload, dict) else None
-
-
-def body_key(body: bytes) -> str:
-    """The ledger key of a scheme that signs the body alone: ``"sha256:"`` and its hex digest."""
-    return "sha256:" + hashlib.sha256(body).hexdigest()
-
-
-def _hint(headers: Headers, name: str) -> str | None:
-    """An unsigned id header, as a hint only: its one value if it is 1-255 visible ASCII, else
-    None (it decides nothing, so a bad one is not a reason to refuse the delivery)."""
-    values = headers.getlist(name)
-    if len(values) != 1 or _TOKEN.fullmatch(values[0]) is None:
-        return None
-    return values[0]
 
 
 def _iso_seconds(values: list[str]) -> int | None:
@@ -351,7 +343,7 @@ class Stripe(_TimedScheme):
 
 
 class GitHub(_HmacScheme):
-    """Verifies GitHub's ``X-Hub-Signature-256``; the id is ``X-GitHub-Delivery``."""
+    """Verifies GitHub's ``X-Hub-Signature-256``; the key is ``X-GitHub-Delivery``."""
 
     __slots__ = ()
 
@@ -378,15 +370,20 @@ class GitHub(_HmacScheme):
         action = None if payload is None else payload.get("action")
         if isinstance(action, str) and action:
             event = _token(f"{event}.{action}", "event_type", 'X-GitHub-Event + "." + action')
-        return VerifiedDelivery(body_key(body), None, event, _hint(headers, "x-github-delivery"))
+        return VerifiedDelivery(id_header(headers, ("x-github-delivery",)), None, event)
 
     def key_of(self, body: bytes, sender_id: str) -> str:
-        """The ledger key: the SHA-256 of the signed body (``sender_id`` is not used)."""
+        """The ledger key of a delivery the caller vouches for: ``sender_id``, its
+        ``X-GitHub-Delivery``."""
+        return _token(sender_id, "webhook_id", "the X-GitHub-Delivery")
+
+    def legacy_key(self, body: bytes) -> str:
+        """The key this delivery had in ledgers written when the key was the body's digest."""
         return body_key(body)
 
 
 class Shopify(_HmacScheme):
-    """Verifies Shopify's ``X-Shopify-Hmac-Sha256``; the id is ``X-Shopify-Webhook-Id``."""
+    """Verifies Shopify's ``X-Shopify-Hmac-Sha256``; the key is ``X-Shopify-Event-Id``."""
 
     __slots__ = ()
 
@@ -401,11 +398,16 @@ class Shopify(_HmacScheme):
             raise MalformedRequest("signature", "X-Shopify-Hmac-Sha256 must be base64 of 32 bytes")
         self._verify((canonical_b64(value.encode("ascii")) or NEVER,), body)
         timestamp = _iso_seconds(headers.getlist("x-shopify-triggered-at"))
-        hint = _hint(headers, "x-shopify-webhook-id")
-        return VerifiedDelivery(body_key(body), timestamp, topic, hint)
+        shopify_id = id_header(headers, ("x-shopify-event-id", "x-shopify-webhook-id"))
+        return VerifiedDelivery(shopify_id, timestamp, topic)
 
     def key_of(self, body: bytes, sender_id: str) -> str:
-        """The ledger key: the SHA-256 of the signed body (``sender_id`` is not used)."""
+        """The ledger key of a delivery the caller vouches for: ``sender_id``, its
+        ``X-Shopify-Event-Id``."""
+        return _token(sender_id, "webhook_id", "the X-Shopify-Event-Id")
+
+    def legacy_key(self, body: bytes) -> str:
+        """The key this delivery had in ledgers written when the key was the body's digest."""
         return body_key(body)
 
 

@@ -32,11 +32,13 @@ Linear (https://linear.app/developers/webhooks, "Securing webhooks"; the SDK's
 ``LinearWebhookClient.verify``): the signature covers the body only and the timestamp lives in
 the signed body (``webhookTimestamp``, milliseconds), so the signature is checked first and the
 clock after it; the SDK allows one minute either way, which is the default here. The
-``Linear-Delivery`` header is not signed, so it is only the delivery's hint: the ledger key is
-``"sha256:"`` and the hex SHA-256 of the normalized payload without its ``webhookTimestamp``
-(the one field Linear refreshes on each attempt), the same digest as the payload's fingerprint.
-A retry lands on the key of its first attempt; a capture re-sent under a new
-``Linear-Delivery`` lands there too.
+``Linear-Delivery`` header is not signed, and Linear documents it as unique per delivery, not
+as kept on a retry, so it is only the delivery's hint: the ledger key is ``"sha256:"`` and the
+hex SHA-256 of the normalized payload without its ``webhookTimestamp`` (the one field Linear
+refreshes on each attempt), the same digest as the payload's fingerprint. Distinct events
+differ in it: every payload carries the event's ``createdAt`` and the entity's state (its
+``updatedAt``, and ``updatedFrom`` on an update). A retry lands on the key of its first
+attempt; a capture re-sent under a new ``Linear-Delivery`` lands there too.
 """
 
 from __future__ import annotations
@@ -47,12 +49,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import MalformedRequest, VerificationError
+from .ids import hint as _hint
 from .payload import ATTEMPT_FIELD, NotJSON, normalized
 from .schemes import (
     _TOKEN,
     _digest,
     _header,
-    _hint,
     _json_object,
     _TimedScheme,
     _timestamp,
@@ -177,6 +179,9 @@ class Linear(_TimedScheme):
     """Verifies Linear's ``Linear-Signature``; the id is a digest of the signed payload."""
 
     __slots__ = ()
+
+    #: Linear's time of the attempt, in the signed body: not part of the event's fingerprint.
+    attempt_field = ATTEMPT_FIELD
 
     def __init__(self, secrets: Any, *, tolerance: float = 60.0) -> None:
         super().__init__(secrets, tolerance=tolerance)

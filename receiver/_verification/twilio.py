@@ -11,15 +11,15 @@ point all rewrite it), so the verifier is given the URL configured in Twilio's c
 ``url="https://example.com/webhooks/twilio"``. As Twilio's SDKs do, the URL is also tried with
 its default port added or its port removed. Several Auth Tokens (primary, secondary) rotate.
 
-Twilio signs no timestamp: a captured request can be re-sent at any later time, and only the
-ledger stops it running twice. So the ledger key comes from what Twilio signs: ``"sha256:"`` and
-the hex SHA-256 of the signed parameters (each name and value, sorted, as signed; the URL is the
-provider's own and adds nothing), or of a JSON body. A genuine retry repeats them; a replayer
-cannot change them without breaking the signature. ``I-Twilio-Idempotency-Token``, which Twilio
-keeps across its retries but does not sign, is only the delivery's hint (for key-drift alerts): a
-capture re-sent under a new token lands on the key it had. Two requests with the same parameters
-are one event (a call's status callback carries its ``CallSid`` and status, a message's its
-``MessageSid``, so distinct events differ). The event type is ``event_type=`` when given,
+Twilio signs no timestamp and no id. The ledger key is ``I-Twilio-Idempotency-Token``, which
+Twilio sends with each request and keeps on its retries: two genuine requests can carry the
+same parameters (a ``<Gather>`` answered with the same digits twice in one call), so the
+signed content alone would merge them. A request without the token is keyed on what Twilio
+signs: ``"sha256:"`` and the hex SHA-256 of the signed parameters (each name and value, sorted,
+as signed; the URL is the provider's own and adds nothing), or of a JSON body. A captured
+request re-sent under a new token gets a key of its own; the receiver reports the same content
+under another key in the window (key drift), and ``Provider(same_content=...)`` can hold or
+absorb it. The event type is ``event_type=`` when given,
 else ``"call.<CallStatus>"`` or ``"message.<MessageStatus or SmsStatus>"`` from the
 parameters, else ``"twilio"``; a JSON body's type is read from the body as usual.
 Signatures made with a Webhooks Rule's shared key (``X-Twilio-Webhooks-Signature-Settings``)
@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING
 import orjson
 
 from .._exceptions import ConfigurationError, MalformedRequest, VerificationError
-from .schemes import _TOKEN, _header, _hint, _key, _token
+from .ids import hint
+from .schemes import _TOKEN, _header, _key, _token
 from .spelling import NEVER, canonical_b64
 from .verifier import VerifiedDelivery
 
@@ -168,13 +169,19 @@ class Twilio:
         ):
             raise VerificationError("signature", "no valid signature for the configured secrets")
         found = dict(params)
-        key = twilio_key(body, is_json=is_json)
-        hint = _hint(headers, "i-twilio-idempotency-token")
-        return VerifiedDelivery(key, None, self.event_type or self._type(found, is_json), hint)
+        token = hint(headers, "i-twilio-idempotency-token")
+        key = token if token is not None else twilio_key(body, is_json=is_json)
+        return VerifiedDelivery(key, None, self.event_type or self._type(found, is_json))
 
     def key_of(self, body: bytes, sender_id: str) -> str:
-        """The ledger key of a request the caller vouches for (``sender_id`` is not used): a
-        body that is a JSON object is keyed as a JSON request, any other as a form."""
+        """The ledger key of a request the caller vouches for: ``sender_id``, its
+        ``I-Twilio-Idempotency-Token``."""
+        return _token(sender_id, "webhook_id", "the I-Twilio-Idempotency-Token")
+
+    def legacy_key(self, body: bytes) -> str:
+        """The key this request had in ledgers written when every request was keyed on what
+        Twilio signs (and still has without a token): a body that is a JSON object is keyed
+        as a JSON request, any other as a form."""
         try:
             is_json = isinstance(orjson.loads(body), dict)
         except orjson.JSONDecodeError:

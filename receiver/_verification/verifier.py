@@ -94,8 +94,8 @@ class VerifiedDelivery:
     timestamp: int | None
     #: Only for schemes that carry the event type in a signed header; None for Standard Webhooks.
     event_type: str | None = None
-    #: The sender's own delivery id where the scheme does not sign it (GitHub, Shopify, Linear,
-    #: Twilio): never the key (a replayer could choose it), only a hint for drift alerts.
+    #: A delivery id the sender sends beside a key made from what it signs (Linear's
+    #: Linear-Delivery): never the key (a replayer could choose it), only a hint for drift alerts.
     hint: str | None = None
 
 

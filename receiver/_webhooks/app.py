@@ -303,10 +303,12 @@ class Receiver(Serving):
         earlier in ``deliveries``.
 
         Each delivery gets the key a live delivery of the same body gets: the provider's
-        ``dedup_key`` if it has one, else its scheme's (for Standard Webhooks, the webhook-id
-        given here; for every other scheme, what the sender signs, read from the body: Stripe's
-        event id, a digest of a GitHub body...). So a backfill of events already delivered
-        live finds their receipts and runs nothing twice, whatever ids the caller passes.
+        ``dedup_key`` if it has one, else its scheme's: the sender's event id, read from the
+        body where the sender signs it there (Stripe, Slack, Paddle, Zoom; a digest of the
+        payload for Linear), else the webhook-id given here, which must be the id the sender
+        sent in its header (Standard Webhooks' webhook-id, GitHub's X-GitHub-Delivery,
+        Shopify's X-Shopify-Event-Id, Twilio's I-Twilio-Idempotency-Token). So a backfill of
+        events already delivered live finds their receipts and runs nothing twice.
 
         Every delivery is checked before anything is written: an unknown provider, a
         webhook-id that is not 1-255 visible ASCII, a body the provider's key cannot be made
@@ -317,7 +319,7 @@ class Receiver(Serving):
         found = self.providers.get(provider)
         if found is None:
             raise ValueError(f"no provider named {provider!r}")
-        claims = []
+        jobs = []
         for n, item in enumerate(deliveries):
             webhook_id, body = item
             if not isinstance(webhook_id, str) or not _WEBHOOK_ID.fullmatch(webhook_id):
@@ -332,7 +334,9 @@ class Receiver(Serving):
             job = self.pipeline._prepare(found, key, bytes(body), None, self.clock())
             if job.parsed.problem is not None:
                 raise ValueError(f"delivery {n} ({webhook_id}): {job.parsed.problem}")
-            claims.append(job.claim)
+            jobs.append(job)
+        # An event received before its scheme keyed on the sender's id keeps its receipt.
+        claims = [(await self.pipeline.legacy.rekey(found, job)).claim for job in jobs]
         return await enqueue_many(
             self.store, claims, batch=batch, on_enqueued=self.pipeline.ingest.on_enqueued
         )

@@ -179,7 +179,7 @@ class Execution:
         timestamp: int | None = None,
         client: str | None = None,
     ) -> Job:
-        parsed = parse(body, event_type)
+        parsed = parse(body, event_type, provider.attempt_field)
         handlers = () if parsed.problem else self.registry.match(provider.name, parsed.event_type)
         lease = max((h.lease for h in handlers if h.lease), default=provider.lease)
         claim = Claim(

@@ -1,8 +1,8 @@
-"""The unsigned delivery ids some senders send beside what they sign (X-GitHub-Delivery,
-X-Shopify-Webhook-Id, Linear-Delivery, I-Twilio-Idempotency-Token): never the key (a replayer
-could choose them), only hints. The same key arriving under another hint is a captured delivery
-re-sent under a new id, or a sender that repeats signed content under new ids: either way the
-ledger answers it from the first receipt, and the key-drift alert says it happened.
+"""The unsigned delivery id a sender sends beside a key made from what it signs (Linear's
+``Linear-Delivery``): never the key (Linear documents no rule that keeps it on a retry), only a
+hint. The same key arriving under another hint is a captured delivery re-sent under a new id,
+or a sender that repeats signed content under new ids: either way the ledger answers it from
+the first receipt, and the key-drift alert says it happened.
 
 Remembered per process, for the most recent keys only (bounded): an alert, never a decision.
 """

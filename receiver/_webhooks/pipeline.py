@@ -33,12 +33,14 @@ from .._logging import get_logger
 from .._ops.metrics import Metrics
 from .._queue import receipts as queue
 from .._store.base import Store
+from . import resent
 from .execution import Execution
 from .groups import Groups, QueuedAttempt
 from .handlers import Registry
 from .handoff import Turn
 from .hints import Hints
 from .jobs import Job, has_external, queued_mode
+from .legacy import LegacyKeys
 from .outcomes import Outcome, Reply, log_reply
 from .providers import Provider
 from .recovery import Recovery
@@ -77,6 +79,8 @@ class Pipeline(Execution):
         self.groups = Groups(self)
         #: The unsigned delivery ids seen per key, for key-drift alerts only.
         self.hints = Hints()
+        #: Receipts stored under a scheme's earlier key (receiver/_webhooks/legacy.py).
+        self.legacy = LegacyKeys(store)
 
     async def deliver(
         self,
@@ -122,6 +126,13 @@ class Pipeline(Execution):
             timestamp=verified.timestamp,
             client=client,
         )
+        try:
+            job = await self.legacy.rekey(provider, job)
+        except StoreUnavailable as exc:
+            reply = self._unavailable(exc)
+            self._report(provider.name, key.webhook_id, None, reply, started, headers)
+            return reply
+        key = job.claim.key
         job.turn = turn
         queued = queued_mode(provider, job)
         running = None if queued else self._running.get(key)
@@ -140,7 +151,7 @@ class Pipeline(Execution):
                 reply = self._busy(running.fence, wait)
         else:
             try:
-                reply = await (self._enqueue(job) if queued else self._claim_and_run(job))
+                reply = await (self._enqueue(job) if queued else self._claim_and_run(provider, job))
             except StoreUnavailable as exc:
                 reply = self._unavailable(exc)
         # A delivery that failed for good: tell the sender not to retry, where it has a way.
@@ -256,7 +267,7 @@ class Pipeline(Execution):
         # In flight under an inline attempt (the mode changed), or taken over meanwhile.
         return self._in_flight(receipt)
 
-    async def _claim_and_run(self, job: Job) -> Reply:
+    async def _claim_and_run(self, provider: Provider, job: Job) -> Reply:
         """Claim the key (one connection, one statement in the common case), then run."""
         claim = job.claim
         key = claim.key
@@ -265,6 +276,9 @@ class Pipeline(Execution):
             if isinstance(got, ledger.Claimed):
                 job.drift = got.drift
                 fence: int | None = got.fence
+                settled = await resent.settle(self, provider, job, got.fence) if got.drift else None
+                if settled is not None:
+                    return settled
             else:
                 receipt = got
                 decision = ledger.decide(receipt, claim.payload_hash)
@@ -291,6 +305,11 @@ class Pipeline(Execution):
                                 "fence": fence,
                             },
                         )
+                if fence is not None and provider.same_content != "run":
+                    # Given back while the content it repeats was in flight: judged again.
+                    settled = await resent.settle(self, provider, job, fence)
+                    if settled is not None:
+                        return settled
             if fence is not None:
                 if job.turn is not None:
                     job.turn.begin()  # from here, it may be handed off at its sender's limit

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Literal
 
 from .._exceptions import ConfigurationError
 from .._queue.backoff import Backoff
 from .._verification.keys import KeyedVerifier, KeySource, stop_retry_of
 from .._verification.keys import dedup_key as check_dedup_key
+from .._verification.payload import attempt_field_of
 from .._verification.verifier import StandardWebhooks, Verifier
 from .handlers import Mode
 from .outcomes import Outcome, Reply
@@ -18,6 +20,10 @@ from .senders import sender_timeout
 from .timespans import DAY
 
 DEFAULT_TOLERANCE = 300.0
+
+#: ``Provider(same_content=...)``: run it, hold it for review, or answer it as a duplicate.
+SameContent = Literal["run", "hold", "absorb"]
+SAME_CONTENT: tuple[SameContent, ...] = ("run", "hold", "absorb")
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
@@ -42,6 +48,13 @@ class Provider:
     ``handoff=True`` (inline mode, with a ``timeout``): a delivery whose handlers are still
     running when the sender's time is nearly spent is answered 202, as queued mode answers, and
     finishes in the background in its own transaction (:mod:`.handoff`).
+
+    ``same_content`` is what happens to a delivery whose signed content (payload and event
+    type) is already in the window under another id: ``"run"`` (default: it is its own event,
+    run as any other, and reported as key drift), ``"hold"`` (recorded as needing review, 202
+    to the sender; an operator replays it from the console or ``receiver replay``) or
+    ``"absorb"`` (answered with the other receipt's stored answer, as a duplicate). Inline
+    deliveries only. See docs/explanation/keys.md for which senders repeat content.
     """
 
     def __init__(
@@ -61,6 +74,7 @@ class Provider:
         timeout: float | str | None = "preset",
         shed_status: int = 503,
         handoff: bool = False,
+        same_content: SameContent = "run",
     ) -> None:
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise ConfigurationError(
@@ -116,6 +130,16 @@ class Provider:
             raise ConfigurationError(
                 f"provider {name!r}: handoff must be True or False, not {handoff!r}"
             )
+        if same_content not in SAME_CONTENT:
+            raise ConfigurationError(
+                f"provider {name!r}: same_content must be 'run' (the default), 'hold' (for "
+                f"review) or 'absorb' (answered as a duplicate), not {same_content!r}"
+            )
+        if same_content != "run" and mode == "queued":
+            raise ConfigurationError(
+                f"provider {name!r}: same_content={same_content!r} applies to inline "
+                "deliveries; with mode='queued' leave it 'run'"
+            )
         key = check_dedup_key(dedup_key, name)
         self.name = name
         self.shed_status = shed_status
@@ -129,6 +153,10 @@ class Provider:
         self.verifier: Verifier = verifier if key is None else KeyedVerifier(verifier, key)
         #: Headers that tell this sender not to retry (empty if it documents none).
         self.stop_retry = stop_retry_of(verifier)
+        #: The per-attempt field left out of this sender's fingerprints (Linear's), or None.
+        self.attempt_field = attempt_field_of(self.verifier)
+        #: What a delivery whose content is already in the window under another id gets.
+        self.same_content: SameContent = same_content
         self.lease = float(lease)
         self.window: DedupWindow = dedup_window(
             schedule, review_margin=review_margin, ttl=ttl, provider=name

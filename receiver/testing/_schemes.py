@@ -10,19 +10,19 @@ reads them:
     standard-webhooks  webhook-id header            body "type"
     svix               svix-id header               body "type" (Svix's default header names)
     stripe             body "id"                    body "type"
-    github             sha256 of the body           X-GitHub-Event [+ "." + body "action"]
-    shopify            sha256 of the body           X-Shopify-Topic
+    github             X-GitHub-Delivery            X-GitHub-Event [+ "." + body "action"]
+    shopify            X-Shopify-Event-Id           X-Shopify-Topic
     slack              body "event_id"              body event.type
     paddle             body "event_id"              body "event_type"
     zoom               made from the event          body "event"
     linear             sha256 of the payload        body "type" + "." + "action"
-    twilio             sha256 of the parameters     "call.<CallStatus>" / "message.<MessageStatus>"
+    twilio             I-Twilio-Idempotency-Token   "call.<CallStatus>" / "message.<MessageStatus>"
 
-GitHub, Shopify, Linear and Twilio also send a delivery id the signature does not cover
-(X-GitHub-Delivery, X-Shopify-Webhook-Id, Linear-Delivery, I-Twilio-Idempotency-Token): the kit
-sends its own id there (``Webhook.sender_id``), and puts it in the body too (as the event's
-``"id"``, or its sid), so that two events with the same data are two bodies, as a real sender's
-are.
+GitHub, Shopify and Twilio send their event id in a header the signature does not cover; the
+kit sends its own id there. Linear sends one too (Linear-Delivery) beside a key made from the
+signed payload: the kit sends its own id there (``Webhook.sender_id``). The kit puts the id in
+the body too (as the event's ``"id"``, or its sid), so that two events with the same data are
+two bodies, as a real sender's are.
 
 Two senders change the body between attempts, as the real ones do: Linear refreshes
 ``webhookTimestamp`` in the signed body on every attempt (the receiver leaves it out of the
@@ -47,14 +47,13 @@ from .._verification.schemes import (
     Shopify,
     Slack,
     Stripe,
-    body_key,
     sign_github,
     sign_shopify,
     sign_slack,
     sign_stripe,
 )
 from .._verification.senders import Linear, Paddle, Zoom, sign_linear, sign_paddle, sign_zoom
-from .._verification.twilio import Twilio, sign_twilio, twilio_key
+from .._verification.twilio import Twilio, sign_twilio
 from .._verification.verifier import StandardWebhooks, Verifier, sign
 
 Headers = list[tuple[str, str]]
@@ -155,16 +154,8 @@ def _own_id(webhook_id: str, body: bytes) -> str:
     return webhook_id
 
 
-def _body_id(_: str, body: bytes) -> str:
-    return body_key(body)
-
-
 def _linear_id(_: str, body: bytes) -> str:
     return Linear([b"kit"]).key_of(body, "")
-
-
-def _twilio_id(_: str, body: bytes) -> str:
-    return twilio_key(body, is_json=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +210,8 @@ def _github_headers(w: Webhook, body: bytes, ts: int, secret: str | bytes, url: 
 def _shopify_headers(w: Webhook, body: bytes, ts: int, secret: str | bytes, url: str) -> Headers:
     return [
         ("x-shopify-hmac-sha256", sign_shopify(secret, body)),
-        ("x-shopify-webhook-id", w.delivery_id),
+        ("x-shopify-event-id", w.delivery_id),
+        ("x-shopify-webhook-id", "wh-" + w.delivery_id),
         ("x-shopify-topic", w.type),
         ("x-shopify-triggered-at", _iso(ts)),
         # Sent on every delivery; Shopify's library, and so the verifier, refuse one without.
@@ -256,13 +248,12 @@ _ALL = {
         ),
         lambda w, b, ts, s, u: [("stripe-signature", sign_stripe(s, ts, b))],
     ),
-    "github": Scheme("github", "gh-", _github_body, _github_headers, id_of=_body_id),
+    "github": Scheme("github", "gh-", _github_body, _github_headers),
     "shopify": Scheme(
         "shopify",
         "shp-",
         lambda i, t, d, c: _json({"id": i, **(d or {})}),
         _shopify_headers,
-        id_of=_body_id,
     ),
     "slack": Scheme(
         "slack",
@@ -332,7 +323,6 @@ _ALL.update(
                 ("i-twilio-idempotency-token", w.delivery_id),
             ],
             content_type="application/x-www-form-urlencoded",
-            id_of=_twilio_id,
         ),
     }
 )

@@ -176,7 +176,8 @@ def test_a_broken_file_is_refused_before_serving(tmp_path: Path) -> None:
     assert done.stderr.strip() == (
         f"receiver: {config}:3: providers.demo.shedule: unknown key (did you mean schedule?); "
         "a provider takes scheme, secrets_env, tolerance, schedule, review_margin, ttl, lease, "
-        "mode, retry_attempts, retry_base, retry_cap, dedup_key, url, timeout, shed_status, handoff"
+        "mode, retry_attempts, retry_base, retry_cap, dedup_key, url, timeout, shed_status, "
+        "handoff, same_content"
     )
 
     missing = receiver("serve", "--config", EXAMPLE, cwd=tmp_path, env=clean_env())

@@ -279,7 +279,7 @@ def test_scheme_secrets_and_tolerance_come_through(write: Write) -> None:
             "x-github-event": "push",
         }
     )
-    assert rx.providers["gh"].verifier.verify(github, body, NOW).hint == "d-1"
+    assert rx.providers["gh"].verifier.verify(github, body, NOW).webhook_id == "d-1"
 
 
 def test_missing_environment_variable(write: Write) -> None:
@@ -425,13 +425,14 @@ ERRORS = [
         "receiver.toml:3: providers.b.max_body_size: unknown key (top-level keys must come "
         "before the first [table] header); a provider takes scheme, secrets_env, tolerance, "
         "schedule, review_margin, ttl, lease, mode, retry_attempts, retry_base, retry_cap, "
-        "dedup_key, url, timeout, shed_status, handoff",
+        "dedup_key, url, timeout, shed_status, handoff, same_content",
     ),
     (
         P + 'shedule = "svix"\n',
         "receiver.toml:3: providers.b.shedule: unknown key (did you mean schedule?); a provider "
         "takes scheme, secrets_env, tolerance, schedule, review_margin, ttl, lease, mode, "
-        "retry_attempts, retry_base, retry_cap, dedup_key, url, timeout, shed_status, handoff",
+        "retry_attempts, retry_base, retry_cap, dedup_key, url, timeout, shed_status, handoff, "
+        "same_content",
     ),
     # secrets never in the file
     (
@@ -744,3 +745,14 @@ def test_queued_mode_mistakes(write: Write, text: str, message: str) -> None:
 
 def test_workers_must_be_a_count(write: Write) -> None:
     assert "workers: expected a number" in error(write, "workers = -1\n")
+
+
+def test_same_content_reaches_the_provider(write: Write) -> None:
+    config = load_config(write('[providers.a]\nsecrets_env = ["A"]\nsame_content = "hold"\n'))
+    assert config.providers[0].same_content == "hold"
+    assert config.receiver(environ={"A": SECRET}).providers["a"].same_content == "hold"
+    defaults = load_config(write('[providers.a]\nsecrets_env = ["A"]\n')).providers[0]
+    assert defaults.same_content == "run"
+    assert "providers.a.same_content: expected" in error(
+        write, '[providers.a]\nsecrets_env = ["A"]\nsame_content = "drop"\n'
+    )

@@ -113,6 +113,7 @@ CLI = {
         "-h",
     ],
     "failed": [
+        "--config",
         "--help",
         "--limit",
         "--provider",
@@ -128,6 +129,7 @@ CLI = {
         "directory",
     ],
     "inspect": [
+        "--config",
         "--help",
         "--principal",
         "--store",

@@ -292,8 +292,9 @@ def test_github_published_vector() -> None:
     )
     # Not JSON, but signed: the type is the header alone, and the pipeline judges the body.
     got = GitHub([GITHUB_SECRET]).verify(given, GITHUB_BODY, NOW)
-    # The key is the signed body's digest; the unsigned delivery header only a hint.
-    assert got == VerifiedDelivery(body_key(GITHUB_BODY), None, "push", "d-1")
+    # The key is the event's GUID, X-GitHub-Delivery; the body's digest was its key once.
+    assert got == VerifiedDelivery("d-1", None, "push")
+    assert GitHub([GITHUB_SECRET]).legacy_key(GITHUB_BODY) == body_key(GITHUB_BODY)
     assert body_key(GITHUB_BODY) == "sha256:" + hashlib.sha256(GITHUB_BODY).hexdigest()
 
 
@@ -311,8 +312,7 @@ def test_github_published_vector() -> None:
 )
 def test_github_event_type_adds_the_action(body: bytes, event_type: str) -> None:
     got = GitHub([SECRET]).verify(github_headers(body), body, NOW)
-    hint = "72d3162e-cc78-11e3-81ab-4c9367dc0958"
-    assert got == VerifiedDelivery(body_key(body), None, event_type, hint)
+    assert got == VerifiedDelivery("72d3162e-cc78-11e3-81ab-4c9367dc0958", None, event_type)
 
 
 def test_github_unusable_action_is_malformed_after_the_signature() -> None:
@@ -397,11 +397,13 @@ def test_shopify_frozen_vector_and_an_independent_computation() -> None:
     given = headers(
         ("x-shopify-hmac-sha256", SHOPIFY_VECTOR_SIGNATURE),
         ("x-shopify-webhook-id", "w-1"),
+        ("x-shopify-event-id", "e-1"),
         ("x-shopify-topic", "orders/create"),
         *SHOPIFY_ALWAYS,
     )
     got = Shopify([SHOPIFY_VECTOR_SECRET]).verify(given, SHOPIFY_VECTOR_BODY, NOW)
-    assert got == VerifiedDelivery(body_key(SHOPIFY_VECTOR_BODY), None, "orders/create", "w-1")
+    # The key is the event's id, Shopify's duplicate test, not the delivery's.
+    assert got == VerifiedDelivery("e-1", None, "orders/create")
 
 
 @pytest.mark.parametrize(
@@ -424,32 +426,67 @@ def test_shopify_frozen_vector_and_an_independent_computation() -> None:
 def test_shopify_timestamp_from_triggered_at(values: list[str], timestamp: int | None) -> None:
     extra = [("x-shopify-triggered-at", value) for value in values]
     got = Shopify([SECRET]).verify(shopify_headers(SHOPIFY_BODY, extra=extra), SHOPIFY_BODY, NOW)
-    hint = "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043"
-    assert got == VerifiedDelivery(body_key(SHOPIFY_BODY), timestamp, "orders/create", hint)
+    # No X-Shopify-Event-Id: the delivery's X-Shopify-Webhook-Id is the key.
+    delivery = "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043"
+    assert got == VerifiedDelivery(delivery, timestamp, "orders/create")
 
 
 @pytest.mark.parametrize(
-    "hints",
-    [[], [""], ["d 1"], ["d-\xe9"], ["d" * 256], ["d" * 2000], ["d-1", "d-2"]],
+    ("ids", "check"),
+    [
+        ([], "missing_header:{}"),
+        ([""], "missing_header:{}"),
+        (["d 1"], "webhook_id"),
+        (["d-\xe9"], "webhook_id"),
+        (["d" * 256], "webhook_id"),
+        (["d" * 2000], "webhook_id"),
+        (["d-1", "d-2"], "duplicate_header:{}"),
+    ],
     ids=["missing", "empty", "space", "non-ASCII", "256 chars", "huge", "twice"],
 )
-def test_an_unsigned_id_header_is_a_hint_that_decides_nothing(hints: list[str]) -> None:
-    """GitHub's, Shopify's, Linear's and Twilio's delivery ids are not signed: whatever a
-    replayer puts there, the key is the signed content's, and a bad value is no hint."""
+def test_an_event_id_header_is_required_and_must_be_an_id(ids: list[str], check: str) -> None:
+    """GitHub's and Shopify's event ids are the key: a delivery without a usable one is
+    refused (400, naming the check), after its signature verified."""
     body = b'{"action": "opened"}'
     sig = ("x-hub-signature-256", sign_github(SECRET, body))
-    given = headers(sig, ("x-github-event", "issues"), *(("x-github-delivery", h) for h in hints))
-    assert GitHub([SECRET]).verify(given, body, NOW) == VerifiedDelivery(
-        body_key(body), None, "issues.opened"
+    given = headers(sig, ("x-github-event", "issues"), *(("x-github-delivery", h) for h in ids))
+    expect(
+        MalformedRequest,
+        check.format("x-github-delivery"),
+        lambda: GitHub([SECRET]).verify(given, body, NOW),
     )
-    if len(hints) != 1 or not hints[0]:
-        return  # Shopify always sends one X-Shopify-Webhook-Id: without one it is refused
     sig = ("x-shopify-hmac-sha256", sign_shopify(SECRET, body))
-    extra = [("x-shopify-webhook-id", h) for h in hints]
-    given = headers(sig, ("x-shopify-topic", "orders/create"), *SHOPIFY_ALWAYS, *extra)
-    assert Shopify([SECRET]).verify(given, body, NOW) == VerifiedDelivery(
-        body_key(body), None, "orders/create"
+    extra = [("x-shopify-event-id", h) for h in ids]
+    delivery_id = ("x-shopify-webhook-id", "w-1")  # always sent: the fallback
+    given = headers(sig, ("x-shopify-topic", "orders/create"), *SHOPIFY_ALWAYS, delivery_id, *extra)
+    if not any(ids):  # no event id (older deliveries): the delivery's id is the key
+        assert Shopify([SECRET]).verify(given, body, NOW).webhook_id == "w-1"
+        return
+    expect(
+        MalformedRequest,
+        check.format("x-shopify-event-id"),
+        lambda: Shopify([SECRET]).verify(given, body, NOW),
     )
+
+
+def test_shopify_keys_on_the_event_id_whatever_the_delivery_id() -> None:
+    """One event, two subscriptions (or a retry): one X-Shopify-Event-Id, one key. Two events
+    with the same body (products/create and products/update of one change): two keys."""
+    body = b'{"id": 632910392, "title": "IPod Nano - 8GB"}'
+    sig = ("x-shopify-hmac-sha256", sign_shopify(SECRET, body))
+
+    def key(event_id: str, webhook_id: str, topic: str) -> str:
+        given = headers(
+            sig,
+            ("x-shopify-topic", topic),
+            ("x-shopify-event-id", event_id),
+            ("x-shopify-webhook-id", webhook_id),
+            *SHOPIFY_ALWAYS,
+        )
+        return Shopify([SECRET]).verify(given, body, NOW).webhook_id
+
+    assert key("e-1", "w-1", "products/create") == key("e-1", "w-2", "products/create") == "e-1"
+    assert key("e-2", "w-3", "products/update") == "e-2"
 
 
 def test_shopify_rotation() -> None:

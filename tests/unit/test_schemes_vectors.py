@@ -103,8 +103,10 @@ def test_twilio_verifies_the_sdk_vectors_including_ports_and_json() -> None:
     )
     signed = "".join(name + value for name, value in sorted(TWILIO_PARAMS.items()))
     key = "sha256:" + hashlib.sha256(b"form\x00" + signed.encode()).hexdigest()
-    assert got == VerifiedDelivery(key, None, "twilio", "t-1")
-    # Twilio signed with the default port; the configured URL has none. No token: same key.
+    # The token is the key; what Twilio signs is the key of a request without one.
+    assert got == VerifiedDelivery("t-1", None, "twilio")
+    assert verifier.legacy_key(body) == key
+    # Twilio signed with the default port; the configured URL has none. No token.
     ported = headers(("x-twilio-signature", TWILIO_PORT_443_SIGNATURE))
     assert verifier.verify(ported, body, NOW) == VerifiedDelivery(key, None, "twilio")
     repeated = form(TWILIO_DUPLICATES)
@@ -116,8 +118,8 @@ def test_twilio_verifies_the_sdk_vectors_including_ports_and_json() -> None:
         repeated,
         NOW,
     )
-    assert got.webhook_id == twilio_key(repeated, is_json=False) != key
-    assert got.hint == "t-2"
+    assert got.webhook_id == "t-2"
+    assert verifier.legacy_key(repeated) == twilio_key(repeated, is_json=False) != key
     json_headers = headers(
         ("x-twilio-signature", TWILIO_JSON_SIGNATURE),
         ("i-twilio-idempotency-token", "t-3"),
@@ -125,31 +127,34 @@ def test_twilio_verifies_the_sdk_vectors_including_ports_and_json() -> None:
     )
     json_key = "sha256:" + hashlib.sha256(b"json\x00" + TWILIO_JSON_BODY).hexdigest()
     assert verifier.verify(json_headers, TWILIO_JSON_BODY, NOW) == VerifiedDelivery(
-        json_key, None, None, "t-3"
+        "t-3", None, None
     )
-    assert verifier.key_of(TWILIO_JSON_BODY, "t-3") == json_key
-    assert verifier.key_of(body, "t-1") == key
+    assert verifier.legacy_key(TWILIO_JSON_BODY) == json_key
+    assert verifier.key_of(TWILIO_JSON_BODY, "t-3") == "t-3"
+    assert verifier.key_of(body, "t-1") == "t-1"
     refused(VerificationError, "signature", lambda: verifier.verify(json_headers, b"{}", NOW))
 
 
-def test_twilio_keys_on_what_it_signs_never_on_the_unsigned_token() -> None:
-    """A captured request re-sent under a new I-Twilio-Idempotency-Token keeps its key; the
-    token is only a hint. Distinct requests (another sid or status) get distinct keys."""
+def test_twilio_keys_on_its_idempotency_token() -> None:
+    """Twilio keeps I-Twilio-Idempotency-Token on its retries and signs no id: the token is the
+    key, so two genuine requests with the same parameters (the same digits gathered twice in
+    one call) stay two events. Without a token (or with one that is no id), the key is made
+    from what Twilio signs; distinct requests (another sid or status) get distinct keys."""
     url = "https://example.com/webhooks/twilio"
     verifier = Twilio(["token"], url=url)
     params = [("MessageSid", "SM1"), ("MessageStatus", "delivered"), ("AccountSid", "AC1")]
     sig = ("x-twilio-signature", sign_twilio("token", url, params))
     got = [
         verifier.verify(headers(sig, ("i-twilio-idempotency-token", t)), form(params), NOW)
-        for t in ("idem-1", "idem-2", "a replayer's choice")
+        for t in ("idem-1", "idem-2", "not an id")
     ]
-    assert {g.webhook_id for g in got} == {twilio_key(form(params), is_json=False)}
-    assert [g.hint for g in got] == ["idem-1", "idem-2", None]  # a space: no usable hint
+    content = twilio_key(form(params), is_json=False)
+    assert [g.webhook_id for g in got] == ["idem-1", "idem-2", content]
     assert got[0].event_type == "message.delivered"
     # The parameters' order on the wire is not signed: the same request, the same key.
     reordered = form(list(reversed(params)))
-    assert verifier.verify(headers(sig), reordered, NOW).webhook_id == got[0].webhook_id
-    keys = {got[0].webhook_id}
+    assert verifier.verify(headers(sig), reordered, NOW).webhook_id == content
+    keys = {content}
     for other in (
         [("MessageSid", "SM2"), ("MessageStatus", "delivered"), ("AccountSid", "AC1")],
         [("MessageSid", "SM1"), ("MessageStatus", "read"), ("AccountSid", "AC1")],

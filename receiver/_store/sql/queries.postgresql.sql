@@ -5,10 +5,11 @@
 
 -- name: claim
 -- The arbiter: one statement, one round trip. If the insert wins, the row says so (claimed,
--- fence 1) and whether the same payload is already in the window under another webhook-id (key
--- drift: a sender that regenerates ids on retry defeats dedup). If it loses, the row is the
--- existing receipt (without its request body). No row at all: the conflicting claim committed
--- after this statement's snapshot was taken; the caller looks the key up again.
+-- fence 1) and whether the same payload of the same type is already in the window under another
+-- webhook-id (key drift: a sender that regenerates ids on retry defeats dedup, or a captured
+-- delivery re-sent under a new unsigned id; receiver/_webhooks/resent.py). If it loses, the row
+-- is the existing receipt (without its request body). No row at all: the conflicting claim
+-- committed after this statement's snapshot was taken; the caller looks the key up again.
 -- Time is the database's ($5 NULL) unless the store was given a clock: leases and expiry are
 -- never judged by each replica's own clock. $6 and $7 are the lease and the window in seconds;
 -- "now" comes back so that the caller decides with the same clock. ON CONFLICT names no
@@ -31,7 +32,7 @@ SELECT true AS claimed, c.fence, extract(epoch FROM c.claimed_at)::float8 AS now
        EXISTS (
            SELECT 1 FROM receiver_receipts d
            WHERE d.provider = $1 AND d.payload_hash = $3 AND d.webhook_id <> $2
-             AND d.expires_at > c.claimed_at
+             AND d.event_type IS NOT DISTINCT FROM $4 AND d.expires_at > c.claimed_at
        ) AS drift,
        NULL::text AS state, NULL::bytea AS payload_hash, NULL::text AS event_type,
        NULL::float8 AS claimed_at, NULL::float8 AS lease_until, NULL::float8 AS expires_at,
@@ -166,6 +167,30 @@ SELECT fence, extract(epoch FROM failed_at)::float8 AS failed_at, error
 FROM receiver_attempts
 WHERE provider = $1 AND webhook_id = $2
 ORDER BY fence;
+
+-- name: same_content
+-- The first receipt of provider $1 in the window with the same payload hash ($2) and event type
+-- ($4) under another key than $3: the event a delivery repeats (Provider(same_content=...),
+-- the console's receipt page). Not a released one: it has no answer, and waits for its own
+-- sender's retry. Read through receiver_receipts_payload_hash.
+SELECT webhook_id, state, response_status, response_content_type, response_body,
+       response_headers
+FROM receiver_receipts
+WHERE provider = $1 AND payload_hash = $2 AND webhook_id <> $3
+  AND event_type IS NOT DISTINCT FROM $4 AND state <> 'released'
+  AND expires_at > COALESCE(to_timestamp($5::float8), statement_timestamp())
+ORDER BY claimed_at, webhook_id
+LIMIT 1;
+
+-- name: legacy_horizon
+-- Until when receipts of provider $1 stored under a body-digest key ("sha256:...", the key of
+-- GitHub, Shopify and Twilio deliveries before they were keyed on the sender's event id) can
+-- still answer a redelivery; NULL when there are none. Read once per process and provider.
+SELECT extract(epoch FROM max(expires_at))::float8 AS until,
+       extract(epoch FROM COALESCE(to_timestamp($2::float8), statement_timestamp()))::float8
+           AS now
+FROM receiver_receipts
+WHERE provider = $1 AND left(webhook_id, 7) = 'sha256:';
 
 -- name: extend_lease
 -- The lease runs $5 seconds from now; the window grows with it if it must (a live lease
@@ -366,7 +391,7 @@ ins AS (
     -- Key order: two batches waiting on each other's keys would otherwise deadlock.
     ORDER BY d.provider, d.webhook_id
     ON CONFLICT DO NOTHING
-    RETURNING provider, webhook_id, payload_hash, claimed_at
+    RETURNING provider, webhook_id, payload_hash, event_type, claimed_at
 ),
 notified AS (
     SELECT pg_notify('receiver_queue', '') AS n WHERE EXISTS (SELECT 1 FROM ins)
@@ -375,7 +400,8 @@ SELECT i.provider, i.webhook_id,
        EXISTS (
            SELECT 1 FROM receiver_receipts d
            WHERE d.provider = i.provider AND d.payload_hash = i.payload_hash
-             AND d.webhook_id <> i.webhook_id AND d.expires_at > i.claimed_at
+             AND d.webhook_id <> i.webhook_id AND d.event_type IS NOT DISTINCT FROM i.event_type
+             AND d.expires_at > i.claimed_at
        ) AS drift
 FROM ins i
 UNION ALL
@@ -571,7 +597,8 @@ SELECT i.n,
        CASE WHEN c.fence IS NOT NULL AND f.n = i.n THEN EXISTS (
            SELECT 1 FROM receiver_receipts d
            WHERE d.provider = i.provider AND d.payload_hash = i.payload_hash
-             AND d.webhook_id <> i.webhook_id AND d.expires_at > t.now
+             AND d.webhook_id <> i.webhook_id AND d.event_type IS NOT DISTINCT FROM i.event_type
+             AND d.expires_at > t.now
        ) END AS drift,
        r.state, r.payload_hash, r.event_type,
        extract(epoch FROM r.claimed_at)::float8 AS claimed_at,

@@ -4,11 +4,11 @@
 
 -- name: claim
 -- The arbiter: one statement. A row back means this caller owns the key with fence 1, and
--- whether the same payload is already in the window under another webhook-id (key drift: a
--- sender that regenerates ids on retry defeats dedup; one lookup of the payload-hash index,
--- named because without statistics SQLite would walk the primary key by provider); no row,
--- that the key exists (the caller looks it up: SQLite has no INSERT inside WITH, and a second
--- statement costs no network round trip here).
+-- whether the same payload of the same type is already in the window under another webhook-id
+-- (key drift: a sender that regenerates ids on retry defeats dedup; one lookup of the
+-- payload-hash index, named because without statistics SQLite would walk the primary key by
+-- provider); no row, that the key exists (the caller looks it up: SQLite has no INSERT inside
+-- WITH, and a second statement costs no network round trip here).
 -- Time is the database's (?5 NULL: julianday('now'), the same for the whole statement) unless
 -- the store was given a clock; ?6 and ?7 are the lease and the window in seconds.
 INSERT INTO receiver_receipts
@@ -25,6 +25,7 @@ RETURNING 1 AS claimed, provider, webhook_id, fence, claimed_at AS now,
         SELECT 1
         FROM receiver_receipts AS d INDEXED BY receiver_receipts_payload_hash
         WHERE d.provider = ?1 AND d.payload_hash = ?3 AND d.webhook_id <> ?2
+          AND d.event_type IS ?4
           AND d.expires_at > COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0)
     ) AS drift;
 
@@ -129,6 +130,26 @@ SELECT fence, failed_at, error
 FROM receiver_attempts
 WHERE provider = ?1 AND webhook_id = ?2
 ORDER BY fence;
+
+-- name: same_content
+-- The first receipt of provider ?1 in the window with the same payload hash (?2) and event type
+-- (?4) under another key than ?3 (queries.postgresql.sql says what for).
+SELECT webhook_id, state, response_status, response_content_type, response_body,
+       response_headers
+FROM receiver_receipts AS d INDEXED BY receiver_receipts_payload_hash
+WHERE d.provider = ?1 AND d.payload_hash = ?2 AND d.webhook_id <> ?3
+  AND d.event_type IS ?4 AND d.state <> 'released'
+  AND d.expires_at > COALESCE(?5, (julianday('now') - 2440587.5) * 86400.0)
+ORDER BY d.claimed_at, d.webhook_id
+LIMIT 1;
+
+-- name: legacy_horizon
+-- Until when receipts of provider ?1 stored under a body-digest key can still answer a
+-- redelivery (queries.postgresql.sql says what for); NULL when there are none.
+SELECT max(expires_at) AS until,
+       COALESCE(?2, (julianday('now') - 2440587.5) * 86400.0) AS now
+FROM receiver_receipts
+WHERE provider = ?1 AND substr(webhook_id, 1, 7) = 'sha256:';
 
 -- name: extend_lease
 -- The lease runs ?5 seconds from now; the window grows with it if it must (a live lease
@@ -271,6 +292,7 @@ RETURNING provider, webhook_id,
         SELECT 1
         FROM receiver_receipts AS d INDEXED BY receiver_receipts_payload_hash
         WHERE d.provider = ?1 AND d.payload_hash = ?3 AND d.webhook_id <> ?2
+          AND d.event_type IS ?4
           AND d.expires_at > COALESCE(?6, (julianday('now') - 2440587.5) * 86400.0)
     ) AS drift;
 
