@@ -29,6 +29,8 @@ from typing import Any
 
 import orjson
 
+from ._secrets import mask_text
+
 FORMATS = ("json", "text")
 
 # Attributes every LogRecord has; anything else on a record came from ``extra``.
@@ -52,21 +54,28 @@ def _value(value: object) -> str:
 
 class _FieldsInMessage(logging.Filter):
     """Appends a record's ``extra`` fields to its message (see the module docstring); the
-    message as the code wrote it is kept as ``record._text``."""
+    message as the code wrote it, its secrets masked, is kept as ``record._text``. The
+    traceback of a logged exception is rendered here too, masked (``record.exc_text``, which
+    every ``logging.Formatter`` prints instead of rendering its own): an exception's message
+    may carry what a handler was given (``password=...``)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not hasattr(record, "_text"):
-            text = record.getMessage()
+            written = record.getMessage()
+            text = mask_text(written)
+            if record.exc_info and record.exc_info[0] is not None and not record.exc_text:
+                record.exc_text = mask_text(_TRACEBACK.formatException(record.exc_info))
             fields = " ".join(
                 f"{k}={_value(v)}" for k, v in extras(record).items() if v is not None
             )
             record._text = text
-            if fields:
-                record.msg, record.args = f"{text} {fields}", None
+            if fields or text != written:
+                record.msg, record.args = f"{text} {fields}" if fields else text, None
         return True
 
 
 _FIELDS = _FieldsInMessage()
+_TRACEBACK = logging.Formatter()
 
 
 def get_logger(name: str) -> logging.Logger:
@@ -112,7 +121,7 @@ class JSONFormatter(logging.Formatter):
             out.setdefault(key, value)
         if record.exc_info and record.exc_info[0] is not None:
             out["exc_type"] = record.exc_info[0].__name__
-            out["exc"] = self.formatException(record.exc_info)
+            out["exc"] = record.exc_text or self.formatException(record.exc_info)
         if record.stack_info:
             out["stack"] = self.formatStack(record.stack_info)
         return _dumps(out)

@@ -6,7 +6,9 @@ syntax for type integer: "4111 1111 1111 1111"``). Those values are the payload,
 description ends in ``last_error``, ``receiver_attempts.error`` and the logs. So a driver error
 is described by what an operator needs and nothing else: its class, its SQLSTATE (or SQLite's
 error name), the constraint, table and column it names, and its message with every quoted
-part masked.
+part masked. Any other exception is described by its class and its message with the secrets in
+it masked (receiver/_secrets.py): a handler's ``ValueError("login failed: password=hunter2")``
+is kept as ``ValueError: login failed: password=•••``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import sqlite3
 import traceback
 
 import asyncpg
+
+from .._secrets import mask_text
 
 # A quoted part of a driver's message: "..." (PostgreSQL identifiers and values) or '...'.
 _QUOTED = re.compile(r""""(?:[^"]|"")*"|'(?:[^']|'')*'""")
@@ -57,7 +61,8 @@ def describe(exc: BaseException) -> str:
     elif is_driver_error(exc):
         text = f"{name} (raised from a database error; its text is withheld)"
     else:
-        text = f"{name}: {message(exc)}"
+        # Masked before the cut below (never half a secret left), but only as much as is kept.
+        text = f"{name}: {mask_text(message(exc)[: 2 * _MAX])}"
     # NUL cannot be stored in PostgreSQL text; the description is for people anyway.
     return text.replace("\x00", "\\x00")[:_MAX]
 

@@ -37,7 +37,9 @@ flow (``PrefectDurability``), key by the durable run instead of a Turn in the de
 then the run's id, which those runtimes derive from the workflow id (the flow run id) and the
 run's position in it, so a recovered workflow replays its recorded model responses into the
 same keys: a tool call cut off after its effect is reconciled instead of run again. Outside a
-durable run, such a toolset refuses to act (the run id would be a fresh random one).
+durable run, or run by an agent without that runtime's capability (a plain ``Agent`` or the
+deprecated ``DBOSAgent``/``PrefectAgent`` wrappers, whose run ids are random), such a toolset
+refuses to act (``ActionError``). Under ``PrefectDurability`` give the toolset an ``id=``.
 
 **What the model sees.** A result (stored on first run, the same on every retry) as a
 ``ToolReturn`` with the key in its metadata; :class:`~receiver.ActionFailed` as a final error
@@ -126,7 +128,8 @@ class ActionTools(Generic[DepsT]):
     ``Agent(toolsets=[...])``). ``turn`` reads the :class:`Turn` from the run's deps; by
     default the deps are a Turn or have a ``turn`` attribute that is one. ``durable_scope``
     (a string, or a function of the deps) keys by the durable run instead: that scope, and the
-    run's id as the turn (module docstring, "Durable agents").
+    run's id as the turn (module docstring, "Durable agents"). ``id`` is the toolset's id,
+    which ``PrefectDurability`` requires (it names the tools' tasks).
 
     A tool is ``async def f(call: ToolCall, tx: Connection, <arguments>)``: the model sees the
     arguments after ``call`` and ``tx``, Pydantic AI validates them, and the executor runs the
@@ -142,6 +145,7 @@ class ActionTools(Generic[DepsT]):
         turn: Callable[[DepsT], Turn] | None = None,
         durable_scope: str | Callable[[DepsT], str] | None = None,
         retries: int | None = None,
+        id: str | None = None,
     ) -> None:
         if turn is not None and durable_scope is not None:
             raise ConfigurationError(
@@ -151,7 +155,7 @@ class ActionTools(Generic[DepsT]):
         if isinstance(durable_scope, str) and not durable_scope.strip():
             raise ConfigurationError("durable_scope must be a non-empty string or a function")
         self.actions = actions
-        self.toolset: FunctionToolset[DepsT] = FunctionToolset()
+        self.toolset: FunctionToolset[DepsT] = FunctionToolset(id=id)
         self._turn = turn
         self._durable_scope = durable_scope
         self._retries = retries
@@ -337,13 +341,14 @@ class ActionTools(Generic[DepsT]):
             scope = self._durable_scope
             if not isinstance(scope, str):
                 scope = scope(deps)
-            if not _in_durable_run() or not ctx.run_id:
+            refusal = _not_durable(ctx)
+            if refusal is not None:
                 raise ActionError(
-                    "ActionTools(durable_scope=...) keys actions by the durable run: run the "
-                    "agent inside a DBOS workflow (DBOSDurability) or a Prefect flow "
-                    "(PrefectDurability), or pass deps=Turn(...) with turn= instead"
+                    "ActionTools(durable_scope=...) keys actions by the durable run, but "
+                    f"{refusal}. Nothing was done. A run that is not durable is keyed by "
+                    "deps=Turn(...), with ActionTools built without durable_scope="
                 )
-            where = Turn(scope=scope, turn=ctx.run_id)
+            where = Turn(scope=scope, turn=ctx.run_id or "")
         elif self._turn is not None:
             where = self._turn(deps)
         else:
@@ -357,16 +362,40 @@ class ActionTools(Generic[DepsT]):
         return where
 
 
-def _in_durable_run() -> bool:
-    """Whether this call runs inside a durable run whose run id its runtime derives from the
-    workflow (so a recovered run has the same one). Only a runtime already imported can be
-    running, so none is imported here."""
-    dbos = sys.modules.get("dbos")
-    if getattr(dbos, "DBOS", None) is not None and dbos.DBOS.workflow_id is not None:  # type: ignore[union-attr]
-        return True
-    context = sys.modules.get("prefect.context")
-    flow_run_context = getattr(context, "FlowRunContext", None)
-    return flow_run_context is not None and flow_run_context.get() is not None
+#: Pydantic AI's durability capability for each durable runtime (its module under durable_exec).
+_CAPABILITIES = {"dbos": "DBOSDurability", "prefect": "PrefectDurability"}
+
+
+def _not_durable(ctx: RunContext[Any]) -> str | None:
+    """Why this run's id would change when its runtime recovers the run (None: it would not).
+    Pydantic AI derives the id from the workflow (the flow run) only for an agent with that
+    runtime's durability capability; any other agent run inside a workflow, the deprecated
+    ``DBOSAgent`` and ``PrefectAgent`` wrappers included, draws a random id each time the
+    workflow's code runs. Only a runtime already imported can be running: none is imported."""
+    dbos, context = sys.modules.get("dbos"), sys.modules.get("prefect.context")
+    inside = {
+        "dbos": dbos is not None and dbos.DBOS.workflow_id is not None,
+        "prefect": context is not None and context.FlowRunContext.get() is not None,
+    }
+    running = [runtime for runtime, yes in inside.items() if yes]
+    if not running:
+        return (
+            "no DBOS workflow or Prefect flow is running: run the agent inside one, built with "
+            "Pydantic AI's DBOSDurability or PrefectDurability capability"
+        )
+    for runtime in running:
+        module = sys.modules.get(f"pydantic_ai.durable_exec.{runtime}")
+        durability, agent = getattr(module, _CAPABILITIES[runtime], None), ctx.agent
+        if durability and agent and durability.from_agent(agent) is not None:
+            return None
+    capability = _CAPABILITIES[running[0]]
+    return (
+        f"the agent has no {capability} capability, so its run id is random: another each "
+        "time the runtime runs the workflow again, and a recovered workflow would act again "
+        f"under a new key. Build it as Agent(..., capabilities=[{capability}()]), from "
+        f"pydantic_ai.durable_exec.{running[0]} (the deprecated DBOSAgent and PrefectAgent "
+        "wrappers draw random run ids too)"
+    )
 
 
 def _split_signature(

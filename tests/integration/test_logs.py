@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import orjson
 
-from receiver import JSONFormatter, Store
+from receiver import Connection, Event, JSONFormatter, Provider, Receiver, Store
 from receiver._cli.main import build_parser
 from receiver._logging import TextFormatter, logging_config
 from tests.support import PROVIDER, SECRET, Clock, body_of, make_receiver, signed
@@ -122,6 +122,50 @@ async def test_no_secret_signature_or_body_is_logged(store: Store) -> None:
         forbidden += [signature, signature.split(",", 1)[1]]
     for text in forbidden:
         assert text not in logged, text
+
+
+#: A handler's error that quotes what it was given, in the forms exception text takes.
+LEAKY_ERROR = (
+    "login to https://shop:pa55w0rd@bank.example failed: password=hunter2, pw: opensesame, "
+    "pass=letmein; securityCode=737 {'apiKey': 'ak-123', 'passenger': 'Ann Lee'} "
+    "Authorization: Basic dXNlcjpwYXNz compass=north"
+)
+LEAKED = ("pa55w0rd", "hunter2", "opensesame", "letmein", "737", "ak-123", "dXNlcjpwYXNz")
+
+
+async def test_secrets_in_a_handlers_error_are_masked_where_it_is_stored_and_logged(
+    store: Store,
+) -> None:
+    rx = Receiver(store, [Provider(PROVIDER, [SECRET])], sweep_interval=None)
+
+    @rx.on("order.created")
+    async def created(event: Event, tx: Connection) -> None:
+        raise ValueError(LEAKY_ERROR)
+
+    body = body_of(order="o-1")
+    with captured(JSONFormatter()) as json_out, captured(TextFormatter()) as text_out:
+        async with rx:
+            answer = await rx.deliver(PROVIDER, signed("msg_leak", body), body)
+    assert answer.status_code == 500
+    async with store.acquire() as conn:
+        stored = [
+            await conn.fetchval("SELECT last_error FROM receiver_receipts"),
+            *[row["error"] for row in await conn.fetch("SELECT error FROM receiver_attempts")],
+        ]
+    assert len(stored) == 2
+    (failure,) = [
+        orjson.loads(line) for line in json_out.getvalue().splitlines() if "handler failed" in line
+    ]
+    text = text_out.getvalue()
+    assert "handler failed" in text
+    for shown in (*stored, failure["exc"], text):
+        for secret in LEAKED:
+            assert secret not in shown, (secret, shown)
+        # What is not a secret stays readable: the words, the names, the host.
+        for kept in ("login to", "bank.example", "password=•••", "passenger", "Ann Lee"):
+            assert kept in shown, (kept, shown)
+        assert "compass=north" in shown
+    assert stored[0].startswith("ValueError: login to https://shop:•••@bank.example failed")
 
 
 def test_text_format_puts_the_fields_after_the_message() -> None:

@@ -23,13 +23,14 @@ import receiver
 
 PACKAGE = Path(receiver.__file__).parent
 
-ROOTS = {"_exceptions", "_logging", "_values"}  # imported by every layer
+ROOTS = {"_exceptions", "_logging", "_secrets", "_values"}  # imported by every layer
 SHARED = {"_store", "_ledger", "_verification", "_ops", "_queue"}
 ENTRY_POINTS = {"_webhooks", "_actions", "_idempotency", "_proxy"}
 #: What each part of the package may import, besides itself and ROOTS.
 ALLOWED: dict[str, set[str]] = {
     "_exceptions": set(),
     "_logging": set(),
+    "_secrets": set(),
     "_values": set(),
     "_store": set(),
     "_ledger": {"_store"},
