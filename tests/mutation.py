@@ -115,9 +115,17 @@ _RETURNING = re.compile(r"^(\s*RETURNING\s+)(.+?)(;?)$")
 _OR_BRANCH = re.compile(rf"\s+OR\s+{_NESTED}")
 
 
+def _true(m: re.Match[str]) -> str:
+    """``AND x`` made always true, ``AND (x OR true)``: a condition dropped, its parameters
+    still in the statement (PostgreSQL refuses a statement with a parameter it cannot type,
+    which would kill the mutant for the wrong reason)."""
+    condition = m.group().strip()[len("AND") :].strip()
+    return f" AND ({condition} OR true)"
+
+
 def drop_fence(lines: Lines, i: int) -> Iterator[tuple[Lines, str]]:
     """A fenced statement that forgets its fence: a stale attempt writes over a newer one."""
-    for new in _subs(_FENCE, lines[i], lambda m: ""):
+    for new in _subs(_FENCE, lines[i], _true):
         yield _replace(lines, i, new), "fence condition dropped"
 
 
@@ -126,7 +134,7 @@ def drop_condition(lines: Lines, i: int) -> Iterator[tuple[Lines, str]]:
     for m in _CONJUNCT.finditer(lines[i]):
         if _FENCE.fullmatch(m.group()):
             continue
-        new = lines[i][: m.start()] + lines[i][m.end() :]
+        new = lines[i][: m.start()] + _true(m) + lines[i][m.end() :]
         yield _replace(lines, i, new), f"dropped {m.group().strip()!r}"
 
 
@@ -197,21 +205,20 @@ def drop_returning(lines: Lines, i: int) -> Iterator[tuple[Lines, str]]:
         yield _replace(lines, i, new), f"RETURNING without {column}"
 
 
+_ASSIGNMENT = re.compile(r"^(\s*(?:SET\s+)?)(\w+) = (.*?)(,?)$")
+
+
 def drop_assignment(lines: Lines, i: int) -> Iterator[tuple[Lines, str]]:
-    """One assignment of an UPDATE's SET list dropped (one assignment a line)."""
+    """One assignment of an UPDATE's SET list dropped (one assignment a line): the column
+    keeps its value. Written ``col = CASE WHEN false THEN <value> ELSE col END`` so that the
+    value's parameters stay in the statement (see :func:`_true`)."""
     line = lines[i]
-    start = re.match(r"^(\s*SET\s+)\w+ = .*,$", line)
-    if start is not None:  # the first: the next one moves up behind SET
-        following = lines[i + 1].strip()
-        yield [*lines[:i], start.group(1) + following, *lines[i + 2 :]], f"dropped {line.strip()!r}"
+    m = _ASSIGNMENT.match(line)
+    if m is None or not (m.group(1).strip().startswith("SET") or _in_set(lines, i)):
         return
-    if not re.match(r"^\s+\w+ = ", line) or not _in_set(lines, i):
-        return
-    if line.endswith(","):
-        yield [*lines[:i], *lines[i + 1 :]], f"dropped {line.strip()!r}"
-    elif lines[i - 1].endswith(","):  # the last: the one before loses its comma
-        before = lines[i - 1][:-1]
-        yield [*lines[: i - 1], before, *lines[i + 1 :]], f"dropped {line.strip()!r}"
+    indent, column, value, comma = m.groups()
+    kept = f"{indent}{column} = CASE WHEN false THEN {value} ELSE {column} END{comma}"
+    yield _replace(lines, i, kept), f"dropped {line.strip()!r}"
 
 
 def _in_set(lines: Lines, i: int) -> bool:
@@ -345,6 +352,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--sql-results", default="", help="where the outcomes go (JSON)")
     group.addoption("--sql-timeout", type=float, default=120.0)
     group.addoption("--py-mutants", default="", help="a file of mutmut's mutant names")
+    group.addoption("--py-budget", type=float, default=30.0, help="seconds of tests per mutant")
 
 
 def _of(dialect: str, item: pytest.Item) -> bool:
@@ -415,10 +423,15 @@ def _python_loop(session: pytest.Session) -> bool:
     from mutmut.state import state
     from mutmut.utils.format_utils import mangled_name_from_mutant_name
 
+    import receiver
+
+    if "mutants" not in Path(receiver.__file__).parts:
+        raise pytest.UsageError(f"receiver is not mutmut's copy here: {receiver.__file__}")
     config = session.config
     names = Path(config.getoption("py_mutants")).read_text("utf-8").split()
     results = Path(config.getoption("sql_results"))
     timeout = float(config.getoption("sql_timeout"))
+    budget = float(config.getoption("py_budget"))
     report = config.pluginmanager.getplugin("terminalreporter")
     say: Callable[[str], None] = report.write_line if report is not None else print
     items = [i for i in session.items if not _on_partitions(i)]
@@ -440,8 +453,8 @@ def _python_loop(session: pytest.Session) -> bool:
         outcome: dict[str, str] = {}
         for name in names:
             covering = hits.get(mangled_name_from_mutant_name(name), set())
-            chosen = sorted(
-                (i for i in items if i.nodeid in covering), key=lambda i: took[i.nodeid]
+            chosen = _budgeted(
+                sorted((i for i in items if i.nodeid in covering), key=_order(took)), took, budget
             )
             if not chosen:
                 outcome[name] = "no tests"
@@ -464,6 +477,27 @@ def _python_loop(session: pytest.Session) -> bool:
         signal.signal(signal.SIGALRM, previous)
         session._setupstate.teardown_exact(None)
     return True
+
+
+def _order(took: dict[str, float]) -> Callable[[pytest.Item], tuple[bool, float]]:
+    """The direct tests of the ledger's statements first, then the fastest."""
+    return lambda i: ("test_ledger_fences" not in i.nodeid, took[i.nodeid])
+
+
+def _budgeted(
+    items: Sequence[pytest.Item], took: dict[str, float], budget: float
+) -> list[pytest.Item]:
+    """The first of ``items`` whose baseline time fits in ``budget`` seconds (at least one):
+    a function that every test calls would otherwise cost the whole suite per survivor. A
+    survivor is then a mutant none of these tests kill, which CONTRIBUTING.md says."""
+    chosen: list[pytest.Item] = []
+    spent = 0.0
+    for item in items:
+        if chosen and spent + took[item.nodeid] > budget:
+            continue
+        chosen.append(item)
+        spent += took[item.nodeid]
+    return chosen
 
 
 def _on_partitions(item: pytest.Item) -> bool:
@@ -600,10 +634,14 @@ def run_python(names: Sequence[str], results: Path, timeout: float) -> dict[str,
         (path / "receiver").symlink_to(ROOT / "mutants" / "receiver", target_is_directory=True)
     listed = results.with_suffix(".ids")
     listed.write_text("\n".join(names) + "\n", "utf-8")
+    # -P and --import-mode=append: neither Python nor pytest puts the repository's directory
+    # ahead of the copy, whose receiver/ must be the one imported.
     command = [
         sys.executable,
+        "-P",
         "-m",
         "pytest",
+        "--import-mode=append",
         "-q",
         "-p",
         "no:cacheprovider",
@@ -666,12 +704,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--results", type=Path, default=SQL_RESULTS)
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--tests", nargs="*", default=list(TESTS))
+    parser.add_argument("--skip", type=Path, help="results of a run whose killed mutants to skip")
     args = parser.parse_args(argv)
     if args.command.startswith("python-"):
         results = args.results if args.results != SQL_RESULTS else PY_RESULTS
         if args.command == "python-run":
             results.parent.mkdir(parents=True, exist_ok=True)
-            outcome = run_python(python_mutants(args.only), results, args.timeout)
+            names = python_mutants(args.only)
+            done: dict[str, str] = {}
+            if args.skip is not None:
+                done = json.loads(args.skip.read_text("utf-8"))["outcome"]
+                done = {k: v for k, v in done.items() if v in ("killed", "timeout")}
+            names = [n for n in names if n not in done]
+            outcome = {**done, **run_python(names, results, args.timeout)}
+            results.write_text(json.dumps({"outcome": outcome}, indent=1), "utf-8")
         else:
             outcome = json.loads(results.read_text("utf-8"))["outcome"]
         print(python_table(outcome))

@@ -21,7 +21,7 @@ from tests.support import PROVIDER, T0, body_of
 LEASE = 60.0
 WINDOW = 3600.0
 ANSWER = StoredResponse(200, "application/json", b'{"ok":1}', (("x-answer", "1"),))
-FAILED = StoredResponse(422, "text/plain", b"no")
+FAILED = StoredResponse(422, "text/plain", b"no", (("retry-after", "5"),))
 
 
 def claim_of(
@@ -113,6 +113,7 @@ async def test_a_batch_of_claims_gives_each_key_to_its_first_copy(store: Store) 
         # Already there: the same webhook-id under two providers, and an older receipt whose
         # payload o-9 shares with nothing but the batch's first claim.
         await claimed(conn, claim_of("msg_old", T0, order="o-9", window=100))
+        await claimed(conn, claim_of("msg_live", T0, order="o-7"))
         other = Claim(Key("other", "msg_old"), b"h" * 32, "x", b"{}", T0, LEASE, WINDOW)
         assert isinstance(await ledger.claim(conn, other), Claimed)
         await ledger.complete(conn, Key(PROVIDER, "msg_old"), 1, ANSWER, T0 + 1)
@@ -124,15 +125,18 @@ async def test_a_batch_of_claims_gives_each_key_to_its_first_copy(store: Store) 
                 claim_of("msg_a", T0 + 100, order="o-9"),  # a copy: the first one won
                 claim_of("msg_old", T0 + 100, order="o-9"),
                 claim_of("msg_c", T0 + 100, order="o-3"),
+                claim_of("msg_d", T0 + 100, order="o-7"),  # msg_live's payload: drift
             ],
             T0 + 100,
         )
-        receipts = [await found(conn, w, T0 + 101) for w in ("msg_a", "msg_b", "msg_c")]
-    a, b, copy, old, c = got
+        receipts = [await found(conn, w, T0 + 101) for w in ("msg_a", "msg_b", "msg_c", "msg_d")]
+    a, b, copy, old, c, d = got
     assert isinstance(a, Claimed)
     assert isinstance(b, Claimed)
     assert isinstance(c, Claimed)
+    assert isinstance(d, Claimed)
     assert [(x.fence, x.now, x.drift) for x in (a, b, c)] == [(1, T0 + 100, False)] * 3
+    assert (d.fence, d.drift) == (1, True)
     if store.dialect == "postgresql":
         assert copy is None  # the caller looks it up
     else:
@@ -140,7 +144,7 @@ async def test_a_batch_of_claims_gives_each_key_to_its_first_copy(store: Store) 
         assert (copy.state, copy.fence) == (State.IN_FLIGHT, 1)
     assert isinstance(old, Receipt)
     assert (old.key, old.state, old.response) == (Key(PROVIDER, "msg_old"), State.COMPLETED, ANSWER)
-    assert [r.state for r in receipts] == [State.IN_FLIGHT] * 3
+    assert [r.state for r in receipts] == [State.IN_FLIGHT] * 4
 
 
 # Reclaim: the compare-and-set on the fence
@@ -162,6 +166,20 @@ async def test_a_released_receipt_is_reclaimed_once_with_the_next_fence(store: S
     assert (r.claimed_at, r.lease_until, r.expires_at) == (T0 + 2, T0 + 32, T0 + 902)
     # Not expired: the attempts and the last error are the key's history.
     assert (r.attempts, r.last_error) == (1, "boom")
+
+
+async def test_a_reclaim_under_a_fence_released_since_is_refused(store: Store) -> None:
+    """A caller that saw fence 1 released is too late once fence 2 is released too: the
+    receipt is reclaimable, but not by what that caller saw."""
+    key = Key(PROVIDER, "msg_a")
+    async with store.acquire() as conn:
+        await claimed(conn, claim_of("msg_a", T0))
+        assert await ledger.release(conn, key, 1, "first", T0 + 1)
+        assert await ledger.reclaim(conn, claim_of("msg_a", T0 + 2), 1) == 2
+        assert await ledger.release(conn, key, 2, "second", T0 + 3)
+        assert await ledger.reclaim(conn, claim_of("msg_a", T0 + 4), 1) is None
+        r = await found(conn, "msg_a", T0 + 5)
+    assert (r.state, r.fence, r.attempts) == (State.RELEASED, 2, 2)
 
 
 async def test_an_in_flight_receipt_is_taken_over_from_the_instant_its_lease_ends(
@@ -249,6 +267,26 @@ async def test_a_completion_stores_the_answer_under_its_fence_once(store: Store)
         None,
     )
     assert (b.state, b.response) == (State.IN_FLIGHT, None)
+
+
+async def test_an_answer_without_a_content_type_is_read_back_without_one(store: Store) -> None:
+    bare = StoredResponse(204, "", b"")
+    async with store.acquire() as conn:
+        await claimed(conn, claim_of("msg_a", T0))
+        await ledger.complete(conn, Key(PROVIDER, "msg_a"), 1, bare, T0 + 1)
+        r = await found(conn, "msg_a", T0 + 2)
+    assert r.response == bare
+
+
+async def test_a_dead_letter_is_not_completed_again_under_its_fence(store: Store) -> None:
+    key = Key(PROVIDER, "msg_a")
+    async with store.acquire() as conn:
+        await claimed(conn, claim_of("msg_a", T0))
+        await ledger.complete(conn, key, 1, FAILED, T0 + 5, state=State.FAILED)
+        with pytest.raises(LeaseLost):
+            await ledger.complete(conn, key, 1, ANSWER, T0 + 6)
+        r = await found(conn, "msg_a", T0 + 7)
+    assert (r.state, r.response, r.completed_at) == (State.FAILED, FAILED, T0 + 5)
 
 
 async def test_a_failed_completion_keeps_the_request_for_a_replay(store: Store) -> None:
