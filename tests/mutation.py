@@ -352,7 +352,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--sql-results", default="", help="where the outcomes go (JSON)")
     group.addoption("--sql-timeout", type=float, default=120.0)
     group.addoption("--py-mutants", default="", help="a file of mutmut's mutant names")
-    group.addoption("--py-budget", type=float, default=30.0, help="seconds of tests per mutant")
+    group.addoption("--py-budget", type=float, default=10.0, help="seconds of tests per mutant")
 
 
 def _of(dialect: str, item: pytest.Item) -> bool:
@@ -621,6 +621,22 @@ def python_mutants(prefixes: Sequence[str], root: Path = ROOT) -> list[str]:
     return [n for n in names if not prefixes or any(n.startswith(p) for p in prefixes)]
 
 
+def generate_python() -> None:
+    """mutmut's mutants of ``[tool.mutmut]``'s modules, written into mutants/ (the first
+    step of ``mutmut run``; its own runner, a pytest session per mutant, is not used)."""
+    from mutmut import __main__ as mutmut
+    from mutmut.utils import file_utils
+
+    os.chdir(ROOT)
+    mutmut.set_mutant_under_test("mutant_generation")
+    (ROOT / "mutants").mkdir(exist_ok=True)
+    file_utils.copy_src_dir()
+    file_utils.copy_also_copy_files()
+    file_utils.setup_source_paths()
+    mutmut.store_lines_covered_by_tests()
+    mutmut.create_mutants(os.cpu_count() or 1)
+
+
 def run_python(names: Sequence[str], results: Path, timeout: float) -> dict[str, str]:
     """Run mutmut's mutants ``names`` in one pytest process (``_python_loop``): the package is
     mutmut's copy in mutants/, the tests are the repository's."""
@@ -710,6 +726,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         results = args.results if args.results != SQL_RESULTS else PY_RESULTS
         if args.command == "python-run":
             results.parent.mkdir(parents=True, exist_ok=True)
+            generate_python()
             names = python_mutants(args.only)
             done: dict[str, str] = {}
             if args.skip is not None:
@@ -718,6 +735,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             names = [n for n in names if n not in done]
             outcome = {**done, **run_python(names, results, args.timeout)}
             results.write_text(json.dumps({"outcome": outcome}, indent=1), "utf-8")
+        elif not results.exists():
+            print(f"no results yet ({results})")
+            return
         else:
             outcome = json.loads(results.read_text("utf-8"))["outcome"]
         print(python_table(outcome))
@@ -728,6 +748,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"{m.id:45} line {m.line:4}  {m.description}")
         return
     if args.command == "table":
+        if not args.results.exists():
+            print(f"no results yet ({args.results})")
+            return
         outcome = json.loads(args.results.read_text("utf-8"))["outcome"]
     else:
         args.results.parent.mkdir(parents=True, exist_ok=True)

@@ -549,3 +549,33 @@ async def test_reopening_one_dead_letter_leaves_the_others(store: Store) -> None
             )
         assert await conn.run("reopen", PROVIDER, "msg_a", 1, T0 + 2) is not None
         assert (await found(conn, "msg_b", T0 + 2)).state is State.FAILED
+
+
+# What a duplicate delivery is told, read from the ledger at each boundary
+
+
+async def test_a_duplicate_is_decided_by_the_lease_then_the_window(store: Store) -> None:
+    other = claim_of("x", T0, order="o-2").payload_hash
+    async with store.acquire() as conn:
+        # A lease that outlasts the window: at the window's end the attempt still runs.
+        live = await claimed(conn, claim_of("msg_live", T0, lease=100, window=50))
+        same = claim_of("msg_live", T0).payload_hash
+        at_end = await found(conn, "msg_live", T0 + 50)
+        # In flight, lease and window ending together: the attempt died.
+        await claimed(conn, claim_of("msg_dead", T0, lease=50, window=50))
+        dead = await found(conn, "msg_dead", T0 + 50)
+        # Completed, at the end of its window: free again.
+        await claimed(conn, claim_of("msg_done", T0, window=50))
+        await ledger.complete(conn, Key(PROVIDER, "msg_done"), 1, ANSWER, T0 + 1)
+        done = await found(conn, "msg_done", T0 + 50)
+        still = await found(conn, "msg_done", T0 + 49)
+        waiting = await a_queued_receipt(conn, "msg_q", T0)
+    assert live.fence == 1
+    assert ledger.decide(at_end, same) is ledger.Decision.IN_FLIGHT
+    assert ledger.decide(at_end, other) is ledger.Decision.IN_FLIGHT  # its window is over
+    assert ledger.decide(dead, same) is ledger.Decision.RECOVER
+    assert ledger.decide(done, same) is ledger.Decision.RECLAIM
+    assert ledger.decide(still, same) is ledger.Decision.REPLAY
+    assert ledger.decide(still, other) is ledger.Decision.MISMATCH
+    assert ledger.decide(waiting, waiting.payload_hash) is ledger.Decision.REPLAY
+    assert ledger.decide(waiting, other) is ledger.Decision.MISMATCH
