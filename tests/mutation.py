@@ -57,9 +57,11 @@ DIALECT_FILES = {
     "postgresql": SQL / "queries.postgresql.sql",
     "sqlite": SQL / "queries.sqlite.sql",
 }
-#: The tests that cover the statements: the ledger's state machine, time, recovery, expiry,
-#: review, replay and batching tests, each on the real stores (fast ones first: -x stops at
-#: the first failure).
+#: The tests that cover the statements, on the real stores: the direct tests of each
+#: statement first, then the ledger's time, recovery, expiry, review, replay and batching
+#: tests. The state machine (test_state_machine.py) is not among them: in a full run it killed
+#: no mutant the others missed, and it doubles what each survivor costs
+#: (``--tests`` adds it).
 TESTS = (
     "tests/integration/test_ledger_fences.py",
     "tests/integration/test_ledger_time.py",
@@ -68,13 +70,41 @@ TESTS = (
     "tests/integration/test_needs_review.py",
     "tests/integration/test_replay.py",
     "tests/integration/test_batching.py",
-    "tests/integration/test_state_machine.py",
 )
 STATES = ("in_flight", "released", "completed", "failed", "queued")
 
 #: Survivors that change no behaviour, by mutant id, with the reason (CONTRIBUTING.md lists
 #: them too).
-EQUIVALENT: dict[str, str] = {}
+_SNAPSHOT = (
+    "the statement reads the snapshot it started with, which never holds the rows its own "
+    "INSERT writes (a data-modifying CTE's rows are invisible to the rest of the statement), "
+    "and the drift is only computed for a key the INSERT won, which no row had"
+)
+_IN_FLIGHT_RELEASED = (
+    "a released receipt is taken by the first branch (state = 'released') whatever its "
+    "lease: adding it to the in-flight branch adds no row"
+)
+_QUEUED_DUE = (
+    "every statement that writes state 'queued' sets due_at (enqueue, queue_retry, "
+    "queue_requeue, queue_release, queue_reopen, console_requeue_completed) and none clears "
+    "it, so due_at IS NULL already leaves every queued receipt out"
+)
+EQUIVALENT: dict[str, str] = {
+    "postgresql:claim:drop-condition:2": _SNAPSHOT,
+    "postgresql:claim:drop-condition:5": (
+        "when the INSERT wins, the snapshot holds no row of the key (it is the primary key), "
+        "so the second branch is empty without NOT EXISTS too"
+    ),
+    "postgresql:claim_many:drop-condition:2": (
+        "the drift of a row that did not win its key is never read: claim_many() reads it "
+        "only where claimed is true, which needs f.n = i.n itself"
+    ),
+    "postgresql:claim_many:drop-condition:4": _SNAPSHOT,
+    "postgresql:reclaim:widen-state:5": _IN_FLIGHT_RELEASED,
+    "sqlite:reclaim:widen-state:5": _IN_FLIGHT_RELEASED,
+    "postgresql:stale:widen-state:4": _QUEUED_DUE,
+    "sqlite:stale:widen-state:4": _QUEUED_DUE,
+}
 
 Lines = list[str]
 #: An operator: (the statement's lines, the index of a line of code) -> the mutated lines of

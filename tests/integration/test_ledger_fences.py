@@ -256,7 +256,7 @@ async def test_a_completion_stores_the_answer_under_its_fence_once(store: Store)
         await claimed(conn, claim_of("msg_a", T0))
         await claimed(conn, claim_of("msg_b", T0))  # another key with the same fence
         await ledger.complete(conn, key, 1, ANSWER, T0 + 5)
-        with pytest.raises(LeaseLost):
+        with pytest.raises(LeaseLost, match=r"^fence 1 of acme/msg_a is stale$"):
             await ledger.complete(conn, key, 1, FAILED, T0 + 6, state=State.FAILED)
         a = await found(conn, "msg_a", T0 + 7)
         b = await found(conn, "msg_b", T0 + 7)
@@ -452,7 +452,7 @@ async def test_a_lease_is_extended_under_its_fence_only(store: Store) -> None:
         await ledger.extend_lease(conn, key, 1, T0 + 20, 1000)
         r = await found(conn, "msg_a", T0 + 20)
         assert (r.lease_until, r.expires_at) == (T0 + 1020, T0 + 1020)  # the window grows
-        with pytest.raises(LeaseLost):
+        with pytest.raises(LeaseLost, match=r"^fence 2 of acme/msg_a is stale$"):
             await ledger.extend_lease(conn, key, 2, T0 + 30, 100)
         await ledger.complete(conn, key, 1, ANSWER, T0 + 40)
         with pytest.raises(LeaseLost):

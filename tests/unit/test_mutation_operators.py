@@ -72,3 +72,8 @@ def test_each_mutant_changes_exactly_its_own_statement(found: list[mutation.Muta
             k: v for k, v in original.items() if k != m.statement
         }, m.id
         assert set(mutated) == set(original)
+
+
+def test_each_equivalent_mutant_explained_is_still_a_mutant(found: list[mutation.Mutant]) -> None:
+    """An edit of the SQL renumbers mutants: an explanation must not outlive its mutant."""
+    assert set(mutation.EQUIVALENT) <= {m.id for m in found}
