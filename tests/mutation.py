@@ -523,7 +523,8 @@ def _budgeted(
     chosen: list[pytest.Item] = []
     spent = 0.0
     for item in items:
-        if chosen and spent + took[item.nodeid] > budget:
+        direct = "test_ledger_fences" in item.nodeid  # always: they are what kills most
+        if chosen and not direct and spent + took[item.nodeid] > budget:
             continue
         chosen.append(item)
         spent += took[item.nodeid]
@@ -639,7 +640,12 @@ def _row(statement: str, dialect: str, row: list[int]) -> str:
 
 
 #: Python survivors that change no behaviour, by mutmut's mutant name, with the reason.
-PY_EQUIVALENT: dict[str, str] = {}
+PY_EQUIVALENT: dict[str, str] = {
+    "receiver._ledger.receipts.x_encode_headers__mutmut_2": (
+        "no headers stored as [] instead of NULL: the column is only read through "
+        "decode_headers(), which gives () for both"
+    ),
+}
 
 
 def python_mutants(prefixes: Sequence[str], root: Path = ROOT) -> list[str]:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-from receiver import Connection, LeaseLost, Store
+from receiver import Connection, LeaseLost, SQLiteStore, Store
 from receiver._ledger import receipts as ledger
 from receiver._ledger.receipts import Claim, Claimed, Key, Receipt, State, StoredResponse
 from receiver._queue import receipts as queue
 from receiver._verification.payload import parse
-from tests.support import PROVIDER, T0, body_of
+from tests.support import EFFECTS_DDL, PROVIDER, T0, body_of, effects
 
 LEASE = 60.0
 WINDOW = 3600.0
@@ -69,6 +69,13 @@ async def a_queued_receipt(conn: Connection, webhook_id: str, now: float) -> Rec
 # The claim
 
 
+async def test_a_key_never_claimed_is_not_found(store: Store) -> None:
+    async with store.acquire() as conn:
+        await claimed(conn, claim_of("msg_a", T0))
+        assert await ledger.lookup(conn, Key(PROVIDER, "msg_b"), T0) is None
+        assert await ledger.lookup(conn, Key("other", "msg_a"), T0) is None
+
+
 async def test_a_key_is_claimed_once_and_the_loser_reads_its_own_receipt(store: Store) -> None:
     async with store.acquire() as conn:
         a = await claimed(conn, claim_of("msg_a", T0))
@@ -85,6 +92,25 @@ async def test_a_key_is_claimed_once_and_the_loser_reads_its_own_receipt(store: 
     assert isinstance(again_b, Receipt)
     assert (again_b.state, again_b.event_type, again_b.response) == (State.IN_FLIGHT, "b", None)
     assert again_b.claimed_at == T0 + 1
+
+
+async def test_a_claim_whose_row_keeps_vanishing_gives_up_after_three_tries(
+    sqlite_store: SQLiteStore,
+) -> None:
+    """The row a lost claim looks up can be deleted in between (the sweeper expired it): the
+    claim tries again, three times in all. A trigger that drops every insert of the key and
+    counts the tries stands for a sweeper that always wins the race."""
+    async with sqlite_store.acquire() as conn:
+        await conn.execute(EFFECTS_DDL)
+        await conn.execute(
+            "CREATE TRIGGER vanish BEFORE INSERT ON receiver_receipts"
+            " WHEN NEW.webhook_id = 'msg_ghost' BEGIN"
+            " INSERT INTO effects (provider, webhook_id, fence) VALUES ('acme', 'msg_ghost', 0);"
+            " SELECT RAISE(IGNORE); END"
+        )
+        with pytest.raises(LeaseLost, match=r"^receipt 'msg_ghost' kept vanishing while being"):
+            await ledger.claim(conn, claim_of("msg_ghost", T0))
+    assert await effects(sqlite_store, "msg_ghost") == 3
 
 
 async def test_a_claim_reports_drift_only_for_the_same_payload_in_the_window(
@@ -411,8 +437,10 @@ async def test_an_unresolved_attempt_stays_in_flight_with_its_lease_ended(store:
     key = Key(PROVIDER, "msg_a")
     async with store.acquire() as conn:
         await claimed(conn, claim_of("msg_a", T0))
+        await claimed(conn, claim_of("msg_b", T0))
         assert await ledger.unresolved(conn, key, 1, "unknown", T0 + 5)
         r = await found(conn, "msg_a", T0 + 5)
+        b = await found(conn, "msg_b", T0 + 5)
         stale = await conn.run_all("stale", T0 + 5, 10)
         attempts = await conn.run_all("list_attempts", PROVIDER, "msg_a")
     assert (r.state, r.fence, r.attempts, r.last_error, r.lease_until) == (
@@ -424,6 +452,7 @@ async def test_an_unresolved_attempt_stays_in_flight_with_its_lease_ended(store:
     )
     assert [row["webhook_id"] for row in stale] == ["msg_a"]
     assert [(a["fence"], a["error"]) for a in attempts] == [(1, "unknown")]
+    assert (b.attempts, b.last_error, b.lease_until) == (0, None, T0 + LEASE)
 
 
 async def test_an_attempt_recorded_twice_under_one_fence_keeps_the_latest(store: Store) -> None:
