@@ -167,9 +167,10 @@ async def test_a_batch_of_claims_gives_each_key_to_its_first_copy(store: Store) 
         assert copy is None  # the caller looks it up
     else:
         assert isinstance(copy, Receipt)
-        assert (copy.state, copy.fence) == (State.IN_FLIGHT, 1)
+        assert (copy.state, copy.fence, copy.now) == (State.IN_FLIGHT, 1, T0 + 100)
     assert isinstance(old, Receipt)
     assert (old.key, old.state, old.response) == (Key(PROVIDER, "msg_old"), State.COMPLETED, ANSWER)
+    assert old.now == T0 + 100  # read at the batch's time
     assert [r.state for r in receipts] == [State.IN_FLIGHT] * 4
 
 
