@@ -645,6 +645,10 @@ PY_EQUIVALENT: dict[str, str] = {
         "no headers stored as [] instead of NULL: the column is only read through "
         "decode_headers(), which gives () for both"
     ),
+    "receiver._ledger.receipts.x_claim_many__mutmut_59": (
+        "zip(strict=) only guards the statement: claim_many returns one row per input by "
+        "construction (FROM input, one row of first per key, ORDER BY i.n)"
+    ),
 }
 
 

@@ -172,6 +172,9 @@ async def test_a_batch_of_claims_gives_each_key_to_its_first_copy(store: Store) 
     assert (old.key, old.state, old.response) == (Key(PROVIDER, "msg_old"), State.COMPLETED, ANSWER)
     assert old.now == T0 + 100  # read at the batch's time
     assert [r.state for r in receipts] == [State.IN_FLIGHT] * 4
+    assert [r.request_body for r in receipts] == [
+        body_of(order=o) for o in ("o-9", "o-2", "o-3", "o-7")
+    ]
 
 
 # Reclaim: the compare-and-set on the fence
