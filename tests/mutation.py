@@ -645,9 +645,17 @@ PY_EQUIVALENT: dict[str, str] = {
         "no headers stored as [] instead of NULL: the column is only read through "
         "decode_headers(), which gives () for both"
     ),
-    "receiver._ledger.receipts.x_claim_many__mutmut_59": (
+    **dict.fromkeys(
+        (f"receiver._ledger.receipts.x_claim_many__mutmut_{n}" for n in (59, 62, 63)),
         "zip(strict=) only guards the statement: claim_many returns one row per input by "
-        "construction (FROM input, one row of first per key, ORDER BY i.n)"
+        "construction (FROM input, one row of first per key, ORDER BY i.n)",
+    ),
+    **dict.fromkeys(
+        (f"receiver._ledger.receipts.x_complete_many__mutmut_{n}" for n in (3, 4, 5)),
+        "which dialect pipelines and which wraps the batch in a transaction of its own: each "
+        "completion is its own fenced UPDATE, so every receipt's outcome and each item's "
+        "answer are the same either way; what differs is round trips and COMMITs (the "
+        "benchmarks' concern, not a receipt's)",
     ),
 }
 
