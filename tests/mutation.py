@@ -645,6 +645,9 @@ PY_EQUIVALENT: dict[str, str] = {
         "no headers stored as [] instead of NULL: the column is only read through "
         "decode_headers(), which gives () for both"
     ),
+    "receiver._webhooks.recovery.x\u01c1Recovery\u01c1recover__mutmut_1": (
+        "recover(reconcile=)'s default: no caller uses it (Pipeline.recover always passes it)"
+    ),
     **dict.fromkeys(
         (f"receiver._ledger.receipts.x_claim_many__mutmut_{n}" for n in (59, 62, 63)),
         "zip(strict=) only guards the statement: claim_many returns one row per input by "
