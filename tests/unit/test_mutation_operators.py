@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from receiver._store.queries import DIALECTS, parse, queries
-from tests import mutation
+from tests.mutation import sql as mutation
 
 FENCED = ("reclaim", "complete", "release", "unresolve", "extend_lease", "reopen")
 
