@@ -113,6 +113,11 @@ async def test_stale_external_receipt_without_reconcile_fails(store: Store) -> N
     assert found.state == "failed"
     assert found.response is not None
     assert found.response.status == 202
+    # What the operator reads in the console and the CLI: what to do about it.
+    assert found.last_error == (
+        "an attempt of an external handler without reconcile() was interrupted: it may or may "
+        "not have acted; check the outside system, then `receiver replay`"
+    )
 
 
 @pytest.mark.parametrize(
