@@ -314,3 +314,26 @@ async def test_a_workers_recovery_of_a_queued_receipt_stays_on_the_queue(store: 
         assert (found.state, found.fence, found.attempts) == (State.QUEUED, 2, 1)
         assert found.response is not None
         assert found.response.body == QUEUED_BODY
+
+
+async def test_an_empty_body_is_recovered_as_it_came(store: Store) -> None:
+    """A delivery whose body is empty was claimed (its 400 is stored, so that redeliveries
+    replay it) and the process died first: the recovery keeps that body and its hash."""
+    clock = Clock()
+
+    async def reconcile(event: Event) -> None:
+        return None
+
+    rx, runs = build(store, clock, reconcile)
+    await rx.open()
+    try:
+        await dead_claim(store, "empty_1", b"", clock.now, event_type="push")
+        before = await receipt(store, "empty_1")
+        clock.advance(LEASE + 1)
+        await rx.sweep()
+        found = await receipt(store, "empty_1")
+        assert found.fence == 2
+        assert (found.request_body, found.payload_hash) == (b"", before.payload_hash)
+        assert runs == []  # nothing can run on it
+    finally:
+        await rx.close()
