@@ -8,7 +8,16 @@ from typing import Any
 
 import pytest
 
-from receiver import RUN_AGAIN, Connection, Event, PostgresStore, Provider, Receiver, Store
+from receiver import (
+    RUN_AGAIN,
+    ConfigurationError,
+    Connection,
+    Event,
+    PostgresStore,
+    Provider,
+    Receiver,
+    Store,
+)
 from receiver._ledger import receipts as ledger
 from receiver._ledger.receipts import Claim, Key
 from receiver._verification.payload import parse
@@ -139,6 +148,32 @@ async def test_stale_external_receipt_is_reconciled(
     answer = b'{"reconciled":"msg_1"}' if mode == "done" else b'{"paid":"msg_1"}'
     assert found.response is not None
     assert found.response.body == answer
+
+
+async def test_a_stale_idempotency_key_is_given_back_by_the_receivers_sweep(store: Store) -> None:
+    """An Idempotency-Key request whose process died before its answer was stored: the sweep
+    releases its key, so that the client's retry runs the endpoint again."""
+    clock = Clock()
+    rx, runs = build(store, clock)
+    await rx.open()
+    key = Key("idem:tenant-1", "POST /orders k-1")
+    async with store.acquire() as conn:
+        claim = Claim(key, b"h" * 32, None, b"{}", clock.now, LEASE, 3600)
+        assert isinstance(await ledger.claim(conn, claim), ledger.Claimed)
+    clock.advance(LEASE + 1)
+    assert (await rx.sweep()).released == 1
+    async with store.acquire() as conn:
+        found = await ledger.lookup(conn, key)
+    assert found is not None
+    assert (found.state, found.last_error) == ("released", "lease expired")
+    assert runs == []
+
+
+async def test_a_sweep_batch_out_of_range_is_refused_by_name(store: Store) -> None:
+    rx, _ = build(store, Clock())
+    await rx.open()
+    with pytest.raises(ConfigurationError, match=r"^batch must be a whole number from 1 to"):
+        await rx.sweep(batch=0)
 
 
 async def test_unknown_provider_receipt_is_failed(store: Store) -> None:
