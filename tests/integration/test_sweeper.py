@@ -20,7 +20,10 @@ from receiver import (
 )
 from receiver._ledger import receipts as ledger
 from receiver._ledger.receipts import Claim, Key
+from receiver._ops.sweeper import SweepReport
+from receiver._ops.sweeper import sweep as shared_sweep
 from receiver._verification.payload import parse
+from receiver._webhooks.sweeper import sweep as webhook_sweep
 from tests.support import (
     EFFECTS_DDL,
     PROVIDER,
@@ -239,3 +242,31 @@ async def test_two_sweepers_do_each_receipt_once(pg_store: PostgresStore) -> Non
     assert a.recovered + b.recovered == 30
     assert len(runs_a) + len(runs_b) == 30
     assert await effects(pg_store) == 30
+
+
+async def test_a_pass_stops_at_a_batch_that_was_all_left_to_others(store: Store) -> None:
+    """A sweeper without the webhooks' handlers (an executor's or a middleware's) leaves their
+    stale receipts to the Receiver: a full batch of them ends the pass, counted once."""
+    clock = Clock()
+    rx, _ = build(store, clock)
+    await rx.open()
+    for n in (1, 2):
+        await dead_claim(store, f"msg_{n}", body_of("order.created"), clock.now)
+    clock.advance(LEASE + 1)
+    report = await shared_sweep(store, None, now=clock.now, batch=2)
+    assert (report.skipped, report.recovered) == (2, 0)
+
+
+async def test_a_pass_out_of_time_stops_recovering_and_still_reports(store: Store) -> None:
+    clock = Clock()
+    rx, runs = build(store, clock)
+    await rx.open()
+    for n in (1, 2):
+        await dead_claim(store, f"msg_{n}", body_of("order.created"), clock.now)
+    clock.advance(LEASE + 1)
+    report = await webhook_sweep(
+        store, rx.pipeline, rx.providers, now=clock.now, batch=1, budget=0.0
+    )
+    # One batch, then the budget is spent: the other stale receipt waits for the next pass.
+    assert report == SweepReport(recovered=1)
+    assert runs == ["order msg_1 2"]
