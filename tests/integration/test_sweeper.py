@@ -159,16 +159,18 @@ async def test_a_stale_idempotency_key_is_given_back_by_the_receivers_sweep(stor
     clock = Clock()
     rx, runs = build(store, clock)
     await rx.open()
-    key = Key("idem:tenant-1", "POST /orders k-1")
+    keys = [Key("idem:tenant-1", f"POST /orders k-{n}") for n in (1, 2)]
     async with store.acquire() as conn:
-        claim = Claim(key, b"h" * 32, None, b"{}", clock.now, LEASE, 3600)
-        assert isinstance(await ledger.claim(conn, claim), ledger.Claimed)
+        for key in keys:
+            claim = Claim(key, b"h" * 32, None, b"{}", clock.now, LEASE, 3600)
+            assert isinstance(await ledger.claim(conn, claim), ledger.Claimed)
     clock.advance(LEASE + 1)
-    assert (await rx.sweep()).released == 1
-    async with store.acquire() as conn:
-        found = await ledger.lookup(conn, key)
-    assert found is not None
-    assert (found.state, found.last_error) == ("released", "lease expired")
+    assert await rx.sweep() == SweepReport(released=2)
+    for key in keys:
+        async with store.acquire() as conn:
+            found = await ledger.lookup(conn, key)
+        assert found is not None
+        assert (found.state, found.last_error) == ("released", "lease expired")
     assert runs == []
 
 
