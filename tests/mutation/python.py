@@ -22,6 +22,14 @@ PY_EQUIVALENT: dict[str, str] = {
     "receiver._webhooks.recovery.x\u01c1Recovery\u01c1recover__mutmut_1": (
         "recover(reconcile=)'s default: no caller uses it (Pipeline.recover always passes it)"
     ),
+    "receiver._ops.sweeper.x_sweep__mutmut_1": (
+        "sweep(batch=)'s default: both callers pass it (the Receiver's sweep and "
+        "KeySweeper.run_once)"
+    ),
+    "receiver._ops.sweeper.x_sweep__mutmut_46": (
+        "> for >= against the pass's deadline: equal only if time.monotonic() returns the "
+        "deadline to the last bit, and then one batch more or less at the instant the budget ends"
+    ),
     **dict.fromkeys(
         (f"receiver._ledger.receipts.x_claim_many__mutmut_{n}" for n in (59, 62, 63)),
         "zip(strict=) only guards the statement: claim_many returns one row per input by "
