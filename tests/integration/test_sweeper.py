@@ -20,7 +20,7 @@ from receiver import (
 )
 from receiver._ledger import receipts as ledger
 from receiver._ledger.receipts import Claim, Key
-from receiver._ops.sweeper import SweepReport
+from receiver._ops.sweeper import SweepReport, _recover_keyed
 from receiver._ops.sweeper import sweep as shared_sweep
 from receiver._verification.payload import parse
 from receiver._webhooks.sweeper import sweep as webhook_sweep
@@ -272,3 +272,29 @@ async def test_a_pass_out_of_time_stops_recovering_and_still_reports(store: Stor
     # One batch, then the budget is spent: the other stale receipt waits for the next pass.
     assert report == SweepReport(recovered=1)
     assert runs == ["order msg_1 2"]
+
+
+async def test_keys_this_sweep_does_not_recover_are_left_as_they_are(store: Store) -> None:
+    """An action's stale key belongs to its executor's sweeper, and an Idempotency-Key that
+    another attempt took over first is that attempt's: both counted as skipped, untouched."""
+    clock = Clock()
+    rx, _ = build(store, clock)
+    await rx.open()
+    action, idem = Key("action:refund", "tenant-1/a-1"), Key("idem:tenant-1", "POST /o k-1")
+    async with store.acquire() as conn:
+        for key in (action, idem):
+            claim = Claim(key, b"h" * 32, None, b"{}", clock.now, LEASE, 3600)
+            assert isinstance(await ledger.claim(conn, claim), ledger.Claimed)
+    clock.advance(LEASE + 1)
+    async with store.acquire() as conn:
+        seen = await ledger.lookup(conn, idem)
+        assert seen is not None
+        taken = Claim(idem, b"h" * 32, None, b"{}", clock.now, LEASE, 3600)
+        assert await ledger.reclaim(conn, taken, seen.fence) == 2  # a retry took it over
+    assert await _recover_keyed(store, seen, "idem", {}) == "skipped"
+    assert await rx.sweep() == SweepReport(skipped=1)  # the action's key
+    async with store.acquire() as conn:
+        for key, fence in ((action, 1), (idem, 2)):
+            found = await ledger.lookup(conn, key)
+            assert found is not None
+            assert (found.state, found.fence) == ("in_flight", fence)
