@@ -65,7 +65,15 @@ def test_the_example_fails_for_a_handler_that_writes_outside_tx(tmp_path: Path) 
     assert "sqlite3.connect" in broken
     (tmp_path / "shop.py").write_text(broken)
     (tmp_path / "test_shop.py").write_text((ROOT / "examples/testing/test_shop.py").read_text())
-    done = run_pytest(str(tmp_path), "-k", "any_redelivery_order", env={"RECEIVER_TEST_PG_URL": ""})
+    # A fixed seed: twenty random examples find the bug almost always, and this one always
+    # (a loaded machine once ran twenty that missed it).
+    done = run_pytest(
+        str(tmp_path),
+        "-k",
+        "any_redelivery_order",
+        "--hypothesis-seed=1",
+        env={"RECEIVER_TEST_PG_URL": ""},
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "shipped twice: ['in_3']" in done.stdout, done.stdout
     assert "steps: [deliver(e0, handler_error)]" in done.stdout, done.stdout
