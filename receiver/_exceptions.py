@@ -119,6 +119,6 @@ class ActionNeedsReview(ActionError):
     no reconcile() can say what happened: it is never re-run blindly; the action is marked
     failed, an operator is alerted, and every retry raises this again.
 
-    Deliberately not an :class:`ActionFailed`: an agent loop that hands ``ActionFailed`` to the
+    Deliberately not an `ActionFailed`: an agent loop that hands ``ActionFailed`` to the
     model as an ordinary tool error must not swallow a case that needs a person. Stop the run
     (or escalate) on this one."""

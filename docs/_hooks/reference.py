@@ -6,7 +6,11 @@ they cannot drift from it.
   environment variables and defaults, as ``--help`` prints them).
 - ``<!-- api: MODULE -->`` becomes one mkdocstrings entry (``::: MODULE.NAME``) per name of
   that module's ``__all__``, in order, so that a name added to the public API is documented
-  from its docstring without editing the page."""
+  from its docstring without editing the page.
+- ``<!-- api: MODULE NAME NAME ... -->`` (the names may run over several lines) becomes one
+  entry per name given, in that order: a group of names, for a page that documents one task.
+  A name that is not in ``MODULE.__all__`` fails the build; the tests check that every name of
+  ``__all__`` is in exactly one group."""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import re
 from typing import Any
 
 MARKER = "<!-- receiver-cli -->"
-API = re.compile(r"^<!-- api: ([\w.]+) -->$", re.M)
+API = re.compile(r"^<!-- api: ([\w.]+)((?:\s+\w+)*)\s*-->$", re.M)
 
 
 def _cell(text: str) -> str:
@@ -76,14 +80,28 @@ def render(parser: argparse.ArgumentParser) -> str:
             os.environ["COLUMNS"] = width
 
 
-def api(module: str) -> str:
-    """A mkdocstrings entry per name of ``module.__all__``."""
-    names: list[str] = list(importlib.import_module(module).__all__)
+def groups(markdown: str) -> list[tuple[str, list[str]]]:
+    """The ``(module, names)`` of each ``<!-- api: ... -->`` marker of a page, in order; the
+    names of a marker that names none are those of the module's whole ``__all__``."""
+    found = []
+    for match in API.finditer(markdown):
+        public: list[str] = list(importlib.import_module(match[1]).__all__)
+        names = match[2].split() or public
+        unknown = [name for name in names if name not in public]
+        if unknown:
+            raise ValueError(f"not in {match[1]}.__all__: {', '.join(unknown)}")
+        found.append((match[1], names))
+    return found
+
+
+def api(module: str, names: list[str]) -> str:
+    """A mkdocstrings entry per name."""
     return "\n\n".join(f"::: {module}.{name}" for name in names)
 
 
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:
-    markdown = API.sub(lambda m: api(m[1]), markdown)
+    entries = iter(groups(markdown))
+    markdown = API.sub(lambda m: api(*next(entries)), markdown)
     if MARKER not in markdown:
         return markdown
     from receiver._cli.main import build_parser

@@ -92,17 +92,19 @@ class Receiver(Protocol):
 
 
 class Actions(Steps):
-    """The executor. Build it from a Receiver to share its store, metrics and sweeper::
+    """The executor. Build it from a Receiver to share its store, metrics and sweeper:
 
-        actions = Actions(rx)
+    ```python
+    actions = Actions(rx)
 
-        @actions.tool("refund", effects="external", reconcile=find_refund)
-        async def refund(call, tx):
-            return await stripe_refund(call.request, idempotency_key=call.downstream_key)
+    @actions.tool("refund", effects="external", reconcile=find_refund)
+    async def refund(call, tx):
+        return await stripe_refund(call.request, idempotency_key=call.downstream_key)
 
-        action = actions.propose("refund", scope="tenant-42", action_id="order-8891",
-                                 request={"order": "8891", "amount": 1200})
-        result = await actions.execute(action)      # every retry: the same stored result
+    action = actions.propose("refund", scope="tenant-42", action_id="order-8891",
+                             request={"order": "8891", "amount": 1200})
+    result = await actions.execute(action)      # every retry: the same stored result
+    ```
 
     ``lease``: how long an attempt holds the key before it counts as dead (a tool's own
     ``lease=`` overrides it). ``window``: how long a key and its result are kept (default 7
@@ -194,7 +196,7 @@ class Actions(Steps):
     async def inspect(self, action: Action | str) -> KeyState | None:
         """What the ledger holds for ``action`` (an Action, or its key), read without acting
         on it: state, fence, failed attempts with their redacted errors, the stored result,
-        and whether it needs review. Unlike :meth:`execute`, it never claims or recovers."""
+        and whether it needs review. Unlike `execute`, it never claims or recovers."""
         key = action.key if isinstance(action, Action) else action
         tool = action.tool if isinstance(action, Action) else tool_of(key)
         return await keyed.inspect(self.store, Key(f"{keyed.ACTION}:{tool}", key))
@@ -273,7 +275,7 @@ class Actions(Steps):
         volatile: Iterable[str] = (),
         lease: float | None = None,
     ) -> Callable[[F], F]:
-        """Decorator form of :meth:`add_tool`."""
+        """Decorator form of `add_tool`."""
 
         def register(func: F) -> F:
             self.add_tool(

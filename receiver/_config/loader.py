@@ -121,7 +121,7 @@ def _secret_like(value: object) -> bool:
 def load_config(path: str | os.PathLike[str]) -> Config:
     """Read and check a configuration file; raise ConfigurationError naming line and key.
 
-    Reads neither the environment nor the handler modules: :meth:`Config.receiver` does.
+    Reads neither the environment nor the handler modules: `Config.receiver` does.
     """
     name = os.fspath(path)
     text, doc = read(name)

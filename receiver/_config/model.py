@@ -65,7 +65,7 @@ class ProviderConfig:
 
 @dataclass(frozen=True)
 class Config:
-    """A checked configuration file. :meth:`receiver` builds the Receiver it describes."""
+    """A checked configuration file. `receiver` builds the Receiver it describes."""
 
     path: str
     store: str

@@ -96,11 +96,13 @@ class _Forgotten(_Unstored):
 
 
 class IdempotencyKeyMiddleware:
-    """Pure ASGI middleware::
+    """Pure ASGI middleware:
 
-        app = Starlette(routes=..., middleware=[Middleware(
-            IdempotencyKeyMiddleware, store=store, principal=tenant_of, required=["/payments"],
-        )])
+    ```python
+    app = Starlette(routes=..., middleware=[Middleware(
+        IdempotencyKeyMiddleware, store=store, principal=tenant_of, required=["/payments"],
+    )])
+    ```
 
     ``principal(scope)`` names who sent the request (sync or async); keys are per principal.
     ``methods``: the methods keyed (POST and PATCH by default). ``paths``: path patterns keyed

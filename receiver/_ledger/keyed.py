@@ -97,7 +97,7 @@ class FailedAttempt:
 @dataclass(frozen=True, slots=True)
 class KeyState:
     """What the ledger holds for an action's or an Idempotency-Key request's key, read without
-    acting on it (no claim, no recovery): :meth:`Actions.inspect` and the middleware's
+    acting on it (no claim, no recovery): `Actions.inspect` and the middleware's
     ``inspect``.
 
     ``state`` is ``in_flight``, ``completed``, ``failed`` or ``released``; ``needs_review`` is

@@ -83,10 +83,12 @@ def authorization_principal(scope: Scope) -> str:
 
 
 class IdempotencyProxy(Recovery):
-    """An ASGI app in front of one upstream::
+    """An ASGI app in front of one upstream:
 
-        proxy = IdempotencyProxy("https://api.vendor.example", store=store,
-                                 paths=["/v1/payments", "/v1/refunds/*"], reconcile=ask_vendor)
+    ```python
+    proxy = IdempotencyProxy("https://api.vendor.example", store=store,
+                             paths=["/v1/payments", "/v1/refunds/*"], reconcile=ask_vendor)
+    ```
 
     ``methods``/``paths``/``required``: which requests are keyed and where a key is required,
     as for the middleware; every other request is streamed through untouched. ``principal``:

@@ -101,7 +101,7 @@ class Connection(abc.ABC):
 
     def deferred_transaction(self) -> AbstractAsyncContextManager[None]:
         """The handlers' transaction, begun by their first statement (see the class docstring).
-        The ledger's own statements (:meth:`run`) never begin it: when the handlers sent none,
+        The ledger's own statements (`run`) never begin it: when the handlers sent none,
         the receipt's completion is a single autocommitted statement."""
         if self._deferred is not None:
             raise RuntimeError("deferred transactions do not nest")
@@ -287,7 +287,7 @@ class Store(abc.ABC):
         """Borrow a connection (in autocommit mode) for one delivery."""
 
     def lazy(self) -> LazyConnection:
-        """A :class:`LazyConnection` (use it with ``async with``): borrows a connection only
+        """A `LazyConnection` (use it with ``async with``): borrows a connection only
         when first used, and hands it back at the end of the block."""
         return LazyConnection(self)
 

@@ -431,7 +431,7 @@ class PostgresStore(Store):
             yield PostgresConnection(conn)
 
     async def migrate(self) -> list[str]:
-        """As :meth:`Store.migrate`; behind a transaction-mode pooler, on a session of its own
+        """As `Store.migrate`; behind a transaction-mode pooler, on a session of its own
         (``listen_url``, the direct URL): the migrations' advisory lock is a session's, and
         ``CREATE INDEX CONCURRENTLY`` runs outside any transaction."""
         if self.pooler != "transaction":

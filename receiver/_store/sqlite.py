@@ -191,7 +191,7 @@ class SQLiteStore(Store):
 
     An embedded store must work with no set-up step, so opening it applies the schema
     migrations it lacks (one process at a time, under ``BEGIN IMMEDIATE``). With
-    ``auto_migrate=False`` it does not: ``receiver migrate`` (or :meth:`migrate`) does, and a
+    ``auto_migrate=False`` it does not: ``receiver migrate`` (or `migrate`) does, and a
     Receiver refuses to start on an older schema, as on PostgreSQL."""
 
     dialect = "sqlite"

@@ -219,7 +219,7 @@ def sign_twilio(
 ) -> str:
     """Return an ``X-Twilio-Signature`` value for a form request to ``url`` with ``params``,
     or, with ``body=``, for a JSON request (``url`` then gets ``bodySHA256`` added: post to
-    the URL this returns alongside, see :func:`twilio_json_url`)."""
+    the URL this returns alongside, see `twilio_json_url`)."""
     if body is not None:
         content = _signed(_with_body_hash(url, body), ())
     else:

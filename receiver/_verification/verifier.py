@@ -347,7 +347,7 @@ def sign(secret: str | bytes, webhook_id: str, timestamp: int, body: bytes) -> s
 
     ``"v1,..."`` for a whsec_ or bytes secret, ``"v1a,..."`` for a whsk_ private key. The id and
     timestamp are signed as given, without validation, so tests can sign deliveries that
-    :meth:`StandardWebhooks.verify` must refuse for other reasons.
+    `StandardWebhooks.verify` must refuse for other reasons.
     """
     key = _load_secret(secret, "secret")
     content = f"{webhook_id}.{timestamp}.".encode() + body

@@ -59,16 +59,16 @@ _WEBHOOK_ID = re.compile(r"[\x21-\x7e]{1,255}")
 class Receiver(Serving):
     """Receive webhooks so that each event takes effect once.
 
-    ::
+    ```python
+    rx = Receiver(store="postgresql://localhost/app", providers=[Provider("acme", [secret])])
 
-        rx = Receiver(store="postgresql://localhost/app", providers=[Provider("acme", [secret])])
+    @rx.on("invoice.paid")
+    async def paid(event, tx):
+        invoice = event.payload["data"]["id"]  # Standard Webhooks: the event's data
+        await tx.execute("UPDATE invoices SET paid = true WHERE id = $1", invoice)
 
-        @rx.on("invoice.paid")
-        async def paid(event, tx):
-            invoice = event.payload["data"]["id"]  # Standard Webhooks: the event's data
-            await tx.execute("UPDATE invoices SET paid = true WHERE id = $1", invoice)
-
-        app.mount("/webhooks", rx)   # POST /webhooks/acme
+    app.mount("/webhooks", rx)   # POST /webhooks/acme
+    ```
 
     Served alone (``uvicorn module:rx``) the store opens in the ASGI lifespan. Mounted into
     another app, it opens on the first delivery, or use ``lifespan=rx.lifespan`` (or
@@ -256,7 +256,7 @@ class Receiver(Serving):
         lease: float | None = None,
         mode: Mode = "inline",
     ) -> Callable[[F], F]:
-        """Decorator form of :meth:`add_handler`."""
+        """Decorator form of `add_handler`."""
 
         def register(func: F) -> F:
             self.add_handler(

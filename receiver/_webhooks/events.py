@@ -17,6 +17,16 @@ class Event:
     ``payload`` is the parsed JSON body and ``body`` the exact bytes that were signed. ``fence``
     is the claim's fencing token: 1 on the first attempt, higher when a later attempt took over
     after a failure or an expired lease.
+
+    :ivar provider: the name of the provider that received it.
+    :ivar id: the event's id (the sender's own where it sends one).
+    :ivar type: the event's type, as the handlers are registered for (``rx.on(type)``).
+    :ivar payload: the parsed JSON body.
+    :ivar body: the exact bytes that were signed.
+    :ivar headers: the delivery's request headers.
+    :ivar timestamp: when the sender signed it, if its scheme signs a time (else None).
+    :ivar fence: the claim's fencing token (1 on the first attempt).
+    :ivar client: the sender's IP address: the peer's, or the one a trusted proxy forwarded.
     """
 
     provider: str

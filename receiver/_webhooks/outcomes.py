@@ -46,7 +46,7 @@ class Outcome(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """How one delivery (or replay) was answered: the response and its :class:`Outcome`."""
+    """How one delivery (or replay) was answered: the response and its `Outcome`."""
 
     response: Response
     outcome: Outcome

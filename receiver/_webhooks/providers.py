@@ -38,7 +38,7 @@ class Provider:
     ``ttl`` sets it explicitly and must not be shorter than the schedule's span. ``lease`` is how
     long an attempt owns a delivery before another attempt may take over. ``mode="queued"``
     answers every delivery 202 once it is recorded and leaves the handlers to workers, which
-    retry a failure on the ``retry`` schedule (see :class:`~receiver.Backoff`).
+    retry a failure on the ``retry`` schedule (see `Backoff`).
 
     ``timeout`` is how long the sender waits for an answer (seconds): by default the published
     limit of the sender whose schedule preset is used (Slack 3 s, Shopify 5 s, GitHub 10 s,
@@ -47,7 +47,7 @@ class Provider:
     ``shed_status`` is the answer to a delivery shed under load: 503 (default) or 429.
     ``handoff=True`` (inline mode, with a ``timeout``): a delivery whose handlers are still
     running when the sender's time is nearly spent is answered 202, as queued mode answers, and
-    finishes in the background in its own transaction (:mod:`.handoff`).
+    finishes in the background in its own transaction (`.handoff`).
 
     ``same_content`` is what happens to a delivery whose signed content (payload and event
     type) is already in the window under another id: ``"run"`` (default: it is its own event,

@@ -118,7 +118,7 @@ class RetrySchedule:
 
     @classmethod
     def preset(cls, name: str) -> RetrySchedule:
-        """The published schedule of a provider, by name (see :data:`PRESETS`)."""
+        """The published schedule of a provider, by name (see `PRESETS`)."""
         key = name.strip().lower().replace("_", "-")
         try:
             return PRESETS[key]
@@ -349,7 +349,7 @@ class DedupWindow:
         return math.ceil(self.window)
 
     def as_timedelta(self) -> timedelta:
-        """The window as a :class:`datetime.timedelta`."""
+        """The window as a `datetime.timedelta`."""
         return timedelta(seconds=self.window)
 
 

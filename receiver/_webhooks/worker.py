@@ -112,14 +112,14 @@ class Worker:
         self._wakeup.set()
 
     def stop(self) -> None:
-        """Stop fetching; :meth:`run` returns once running attempts finished or were released."""
+        """Stop fetching; `run` returns once running attempts finished or were released."""
         self._stopping = True
         self._wakeup.set()
 
     async def open(self) -> bool:
         """Open the receiver's store, waiting out an outage: a worker started while the
         database is down or restarting waits for it (logging each try) instead of exiting.
-        False if :meth:`stop` came first."""
+        False if `stop` came first."""
         delay = 0.25
         while not self._stopping:
             try:

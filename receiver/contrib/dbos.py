@@ -4,7 +4,7 @@ effect and before DBOS records the step.
 DBOS checkpoints a step's output when the step returns; a workflow recovered after a crash
 skips the steps it recorded and runs the others again. A step that crashed after its effect
 (a refund, an email) and before its output was recorded therefore acts twice: DBOS documents
-steps as at-least-once. Run the effect through :class:`~receiver.Actions` instead:
+steps as at-least-once. Run the effect through `Actions` instead:
 
     actions = Actions(store)
     dbos_actions = DBOSActions(actions)
@@ -86,7 +86,7 @@ class DBOSActions:
         self.tenant = tenant
 
     def step(self, **options: Any) -> Callable[[F], F]:
-        """``@DBOS.step(**options)`` for an ``async def`` that calls :meth:`run`: each attempt
+        """``@DBOS.step(**options)`` for an ``async def`` that calls `run`: each attempt
         of the step numbers its calls from one, so a retried or recovered step asks for the
         same actions in the same order. ``options`` are DBOS's (``retries_allowed``,
         ``max_attempts``, ``interval_seconds``, ``backoff_rate``, ``name``)."""
@@ -112,7 +112,7 @@ class DBOSActions:
 
     async def run(self, tool: str, request: Mapping[str, Any], *, version: int = 1) -> ActionResult:
         """Run ``tool`` once for this step's next call of it; on every retry and recovery of
-        the step, the stored result. Raises what :meth:`Actions.execute` raises:
+        the step, the stored result. Raises what `Actions.execute` raises:
         ActionInProgress (a dead attempt's lease has not run out yet: let DBOS retry the step,
         ``retries_allowed=True``), ActionNeedsReview, ActionFailed, ActionConflict, or the
         tool's own exception (its claim released)."""

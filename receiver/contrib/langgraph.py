@@ -15,13 +15,13 @@ the same turn sent again, a second invocation of the thread at the same time.
 **The key.** The scope is the graph's thread (``config["configurable"]["thread_id"]``), behind
 the tenant when one is given. The action id is where LangGraph runs the call: the step number,
 the node and its task path (which ``Send`` packet, which ``@task`` call of the entrypoint), and
-the call's ordinal among this task's calls of the same tool (for :meth:`GraphActions.tool_node`:
+the call's ordinal among this task's calls of the same tool (for `GraphActions.tool_node`:
 among the message's calls of that tool). All of it is the same when LangGraph runs the task
 again, in any durability mode: after a crash the step is numbered from the last saved
 checkpoint, so the re-run lands on the same number.
 
 Not used: the model's ``tool_call`` id, which a regenerated answer changes (it only pairs each
-:class:`ToolMessage` with its call), the arguments, which the model words anew, and LangGraph's
+`ToolMessage` with its call), the arguments, which the model words anew, and LangGraph's
 own task id, which is a hash over the id of the checkpoint the step started from: under the
 default ``durability="async"`` (and ``"exit"``) that checkpoint may never have been saved when
 the process died, the re-run starts from an older one, and every task id after it changes
@@ -30,11 +30,11 @@ subgraph the parent's step is not visible, so the parent part of the id is the p
 there: use ``durability="sync"`` for subgraphs that run tools.
 
 **What the graph sees.** A stored result, byte for byte, on every re-run. A final failure
-(:class:`~receiver.ActionFailed`) is a tool error message to the model in :meth:`tool_node`,
-as LangGraph's ``ToolNode`` answers a failed tool; :meth:`GraphActions.run` raises it.
-:class:`~receiver.ActionNeedsReview` always raises and stops the graph: a person must look, and
+(`ActionFailed`) is a tool error message to the model in `tool_node`,
+as LangGraph's ``ToolNode`` answers a failed tool; `GraphActions.run` raises it.
+`ActionNeedsReview` always raises and stops the graph: a person must look, and
 the model must not be told "failed" about a tool that may have acted. So do
-:class:`~receiver.ActionConflict` and :class:`~receiver.ActionInProgress`: shown to the model,
+`ActionConflict` and `ActionInProgress`: shown to the model,
 either would tempt it to ask again in a later step, under a new key: a second effect.
 ``RetryPolicy(retry_on=retry_on)`` on the node re-runs it (same key) while another attempt is
 still running. A tool's own exception propagates (its claim released), as from ``ToolNode``.
@@ -77,7 +77,7 @@ Tenant = str | Callable[[Runtime[Any]], str]
 
 
 class ToolNodeFunc(Protocol):
-    """What :meth:`GraphActions.tool_node` returns: a LangGraph node taking the state."""
+    """What `GraphActions.tool_node` returns: a LangGraph node taking the state."""
 
     async def __call__(self, state: Any) -> dict[str, list[ToolMessage]]: ...
 
@@ -86,7 +86,7 @@ _LANGGRAPH_RETRY_ON = RetryPolicy().retry_on
 
 
 def retry_on(exc: Exception) -> bool:
-    """For ``RetryPolicy(retry_on=retry_on)``: retry :class:`~receiver.ActionInProgress` (the
+    """For ``RetryPolicy(retry_on=retry_on)``: retry `ActionInProgress` (the
     re-run waits for the first attempt's stored result) and what LangGraph retries by default;
     never a final answer (ActionFailed, ActionNeedsReview, ActionConflict), which a retry would
     only replay."""
@@ -124,7 +124,7 @@ _CURRENT: contextvars.ContextVar[_Task | None] = contextvars.ContextVar(
 class GraphActions:
     """The executor's tools, run from LangGraph nodes and tasks with keys LangGraph's re-runs
     reproduce. ``tenant``: a fixed scope above the thread, or a function of the run's
-    :class:`~langgraph.runtime.Runtime` (``runtime.context``, the server's authenticated user)."""
+    `Runtime` (``runtime.context``, the server's authenticated user)."""
 
     def __init__(self, actions: Actions, *, tenant: Tenant | None = None) -> None:
         if not isinstance(actions, Actions):
@@ -138,7 +138,7 @@ class GraphActions:
 
     def node(self, func: F) -> F:
         """Decorate an ``async def`` node, ``@task`` or ``@entrypoint`` function that calls
-        :meth:`run` (under ``@task``: ``@task`` on top). Each run of it numbers its calls from
+        `run` (under ``@task``: ``@task`` on top). Each run of it numbers its calls from
         one, so a re-run of the task asks for the same actions in the same order."""
         if not inspect.iscoroutinefunction(func):
             raise ConfigurationError(
@@ -176,7 +176,7 @@ class GraphActions:
 
     def tool_node(self, tools: Iterable[str], *, messages_key: str = "messages") -> ToolNodeFunc:
         """A node that runs the tool calls of the last AI message through the executor, like
-        LangGraph's ``ToolNode``: a :class:`ToolMessage` per call, in the calls' order. A call
+        LangGraph's ``ToolNode``: a `ToolMessage` per call, in the calls' order. A call
         of a tool not in ``tools``, or with arguments the ledger cannot keep, gets an error
         message and runs nothing. The n-th call of a
         tool in the message is that tool's action n of this step."""

@@ -1,5 +1,5 @@
 """MCP tools that take effect once, however often a client retries ``tools/call``: a FastMCP
-tool whose every call runs through the :class:`~receiver.Actions` executor.
+tool whose every call runs through the `Actions` executor.
 
     server = FastMCP("shop", token_verifier=..., auth=...)
     keyed = MCPActions(server, Actions(store), scope=authenticated_principal)
@@ -12,7 +12,7 @@ Where the key comes from (never from the model's words, nor from the runtime's o
 
 - the scope is the caller's principal: ``scope=`` is a fixed string (a stdio server runs for
   the one user who launched it) or a function of the request's
-  :class:`~mcp.server.fastmcp.Context` (:func:`authenticated_principal`: the OAuth subject of
+  `Context` (`authenticated_principal`: the OAuth subject of
   an HTTP request's bearer token);
 - the action id is the client's: ``params._meta["io.receiver/action-id"]`` of ``tools/call``,
   chosen by the client application (not the model) once per logical action, stored with its
@@ -83,7 +83,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def action_id_of(ctx: Context[Any, Any, Any]) -> str:
     """The client's action id of this ``tools/call`` (``_meta["io.receiver/action-id"]``), or
-    a :class:`ToolError` that tells the client how to send one."""
+    a `ToolError` that tells the client how to send one."""
     meta = ctx.request_context.meta
     found = (meta.model_extra or {}).get(ACTION_ID) if meta is not None else None
     if isinstance(found, str) and found.strip():
@@ -128,7 +128,7 @@ def _escaped(part: str) -> str:
 class MCPActions:
     """Registers tools on a FastMCP server whose calls run through ``actions``, keyed by
     ``scope`` and the client's action id. A tool is ``async def tool(call, tx, **arguments)``:
-    ``call`` and ``tx`` as for :meth:`~receiver.Actions.add_tool`, then its MCP arguments,
+    ``call`` and ``tx`` as for `add_tool`, then its MCP arguments,
     typed as for any FastMCP tool (they make its input schema; its return annotation makes its
     output schema). The executor may run it again with no MCP request at all (the sweeper
     recovers a transactional tool whose attempt died), so it takes no MCP Context.
@@ -152,7 +152,7 @@ class MCPActions:
         destructive: bool = True,
         structured_output: bool | None = None,
     ) -> Callable[[F], F]:
-        """Decorator form of :meth:`add_tool`."""
+        """Decorator form of `add_tool`."""
 
         def register(fn: F) -> F:
             self.add_tool(

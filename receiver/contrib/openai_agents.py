@@ -1,5 +1,5 @@
-"""OpenAI Agents SDK tools whose calls take effect once: each call of an :func:`action_tool` is
-an action of :class:`receiver.Actions`, keyed by the conversation turn and the call's ordinal in
+"""OpenAI Agents SDK tools whose calls take effect once: each call of an `action_tool` is
+an action of `receiver.Actions`, keyed by the conversation turn and the call's ordinal in
 it, never by the model's call id or its words.
 
     actions = Actions(store)
@@ -17,7 +17,7 @@ it, never by the model's call id or its words.
 
 **The key.** Scope: the turn's tenant. Action id: ``conversation/turn/n``, where ``n`` numbers
 the tool's calls in one attempt of the turn, in the order the SDK runs them (a response's
-order). The numbering lives in the :class:`AgentTurn` inside the run's context, so the SDK saves
+order). The numbering lives in the `AgentTurn` inside the run's context, so the SDK saves
 it with ``RunState.to_json()`` and ``from_json()`` brings it back exactly as saved: a run
 restarted from its saved state numbers the calls it runs again as the first time, and each one
 gets the stored result. A fresh attempt of the turn (a new ``AgentTurn`` with the same ids)
@@ -28,7 +28,7 @@ gives its number back: the model's retry takes it, so it cannot become a second 
 
 **What the model sees.** The stored result, on every call. ActionFailed, ActionInProgress and
 the tool's own errors: a message from ``failure_error_function`` (as the SDK's own tools).
-ActionNeedsReview and ActionConflict are never the model's to handle: :class:`ActionStopped`
+ActionNeedsReview and ActionConflict are never the model's to handle: `ActionStopped`
 stops the run.
 """
 
@@ -81,7 +81,7 @@ class AgentTurn(dict[str, Any]):
     """One attempt of one conversation turn: the ids the key is built from (``tenant``,
     ``conversation``, ``turn``: the system's, never the model's) and the numbering of the
     attempt's tool calls. A dict of JSON values, so that ``RunState.to_json()`` saves it with
-    the run as it saves any mapping. Build it with :meth:`start`; give each attempt of a turn
+    the run as it saves any mapping. Build it with `start`; give each attempt of a turn
     its own, and resume an interrupted attempt only from the RunState that saved it."""
 
     # The live run this record numbers calls for (not an item: never serialized). A record
@@ -221,10 +221,10 @@ def action_tool(
     | Callable[[RunContextWrapper[Any], dict[str, Any], str], Awaitable[bool]] = False,
 ) -> Callable[[UserTool], FunctionTool]:
     """Like the SDK's ``function_tool``, for ``async def tool(call, tx, <arguments>)``: the
-    arguments after ``call`` (:class:`~receiver.ToolCall`) and ``tx`` (the ledger's
+    arguments after ``call`` (`ToolCall`) and ``tx`` (the ledger's
     transaction) are the model's, described to it from their types and the docstring. Registers
     the tool on ``actions`` (``effects``, ``reconcile``, ``volatile``, ``lease`` as
-    :meth:`Actions.tool`) and returns the ``FunctionTool`` to give the agent.
+    `Actions.tool`) and returns the ``FunctionTool`` to give the agent.
 
     ``failure_error_function`` formats what the model reads when the action failed, is still
     in progress, or the tool raised (None: raise instead, as the SDK does). The other options

@@ -4,7 +4,7 @@ effect and before Prefect records the task's result.
 Prefect skips a task on a retry of its flow run when the task's result is in its result cache
 (``persist_result=True``, keyed by the task's cache key). A task that crashed after its effect
 and before its result was persisted has no cached result, so the retried flow run runs it
-again: a second refund. Run the effect through :class:`~receiver.Actions` instead:
+again: a second refund. Run the effect through `Actions` instead:
 
     actions = Actions(store)
     prefect_actions = PrefectActions(actions)
@@ -92,7 +92,7 @@ class PrefectActions:
         self.tenant = tenant
 
     def task(self, **options: Any) -> Callable[[F], Any]:
-        """``@prefect.task(**options)`` for an ``async def`` that calls :meth:`run`: each
+        """``@prefect.task(**options)`` for an ``async def`` that calls `run`: each
         attempt of the task numbers its calls from one, so a retried task, or the task run
         again by a retried flow run, asks for the same actions in the same order. ``options``
         are Prefect's (``persist_result``, ``retries``, ``retry_delay_seconds``,
@@ -120,7 +120,7 @@ class PrefectActions:
 
     async def run(self, tool: str, request: Mapping[str, Any], *, version: int = 1) -> ActionResult:
         """Run ``tool`` once for this task's next call of it; on every retry, the stored
-        result. Raises what :meth:`Actions.execute` raises: ActionInProgress (a dead attempt's
+        result. Raises what `Actions.execute` raises: ActionInProgress (a dead attempt's
         lease has not run out yet: give the task ``retries=``), ActionNeedsReview,
         ActionFailed, ActionConflict, or the tool's own exception (its claim released)."""
         current = _CURRENT.get()

@@ -1,4 +1,4 @@
-"""Pydantic AI tools that take effect once: every call runs through :class:`receiver.Actions`,
+"""Pydantic AI tools that take effect once: every call runs through `receiver.Actions`,
 keyed by the turn the system named and the call's place in it, never by the model's words.
 
     actions = Actions(store)
@@ -21,7 +21,7 @@ message history, or the same turn run twice at once all land on the same keys, s
 runs once and every later call gets the stored result. The model's ``tool_call_id`` is never
 used: it is new each time the model answers. Nor is argument text: rewording a volatile field
 must not make a new action, and a regenerated call that changed a field that matters must be
-refused (:class:`~receiver.ActionConflict`), not executed a second time.
+refused (`ActionConflict`), not executed a second time.
 
 The ordinal is read from the message history, which is the agent's saved state: each answer
 the executor gave carries its turn and ordinal in ``ToolReturnPart.metadata`` (never sent to
@@ -42,11 +42,11 @@ deprecated ``DBOSAgent``/``PrefectAgent`` wrappers, whose run ids are random), s
 refuses to act (``ActionError``). Under ``PrefectDurability`` give the toolset an ``id=``.
 
 **What the model sees.** A result (stored on first run, the same on every retry) as a
-``ToolReturn`` with the key in its metadata; :class:`~receiver.ActionFailed` as a final error
-result it can act on (the corrected call is a new action); :class:`~receiver.ActionInProgress`
+``ToolReturn`` with the key in its metadata; `ActionFailed` as a final error
+result it can act on (the corrected call is a new action); `ActionInProgress`
 as ``ModelRetry`` (the call is made again with the same ordinal and gets the first attempt's
 result, within the tool's ``retries``). Never shown to the model, and raised from the run:
-:class:`~receiver.ActionNeedsReview` (a person must look) and :class:`~receiver.ActionConflict`
+`ActionNeedsReview` (a person must look) and `ActionConflict`
 (the turn's call at this place already did something else).
 """
 
@@ -124,8 +124,8 @@ class Turn:
 
 
 class ActionTools(Generic[DepsT]):
-    """Tools whose calls go through ``actions``, collected in :attr:`toolset` (pass it to
-    ``Agent(toolsets=[...])``). ``turn`` reads the :class:`Turn` from the run's deps; by
+    """Tools whose calls go through ``actions``, collected in `toolset` (pass it to
+    ``Agent(toolsets=[...])``). ``turn`` reads the `Turn` from the run's deps; by
     default the deps are a Turn or have a ``turn`` attribute that is one. ``durable_scope``
     (a string, or a function of the deps) keys by the durable run instead: that scope, and the
     run's id as the turn (module docstring, "Durable agents"). ``id`` is the toolset's id,
@@ -175,7 +175,7 @@ class ActionTools(Generic[DepsT]):
     ) -> Tool[DepsT]:
         """Register ``func`` as the executor tool ``name`` and as an agent tool of the same
         name. ``effects``, ``reconcile``, ``volatile`` and ``lease`` are
-        :meth:`Actions.add_tool`'s. ``retries`` bounds Pydantic AI's retry prompts for this
+        `Actions.add_tool`'s. ``retries`` bounds Pydantic AI's retry prompts for this
         tool (an action still in progress elsewhere is one). Ask the model to correct its
         arguments from ``args_validator`` (it runs before the action is proposed), not from
         the body: a ``ModelRetry`` raised there releases the claim, and a corrected call with
@@ -254,7 +254,7 @@ class ActionTools(Generic[DepsT]):
         retries: int | None = None,
         args_validator: ArgsValidatorFunc[DepsT, ...] | None = None,
     ) -> F | Callable[[F], F]:
-        """Decorator form of :meth:`add`, bare (``@tools.tool``) or with options."""
+        """Decorator form of `add`, bare (``@tools.tool``) or with options."""
 
         def register(f: F) -> F:
             self.add(

@@ -109,7 +109,7 @@ def lease_of(actions: Actions, tool: str) -> float:
 class ToolFaults(ArmedFaults):
     """The faults armed on one executor, per action key. Install once per executor.
 
-    :attr:`Fault.AFTER_CLAIM` strikes before the tool runs; ``BEFORE_COMMIT`` and
+    `Fault.AFTER_CLAIM` strikes before the tool runs; ``BEFORE_COMMIT`` and
     ``AFTER_EXTERNAL_CALL`` after it returned (its ``tx`` writes made, its outside call done),
     before its result is stored: the names say what that point means for each kind of tool;
     ``HANDLER_ERROR`` makes the tool raise after its work (a timeout reading the answer of a
@@ -173,16 +173,16 @@ def reword(action: Action, fields: Sequence[str], n: int) -> dict[str, Any]:
 
 
 class Planner:
-    """Executes a user's actions as an agent's planner would, recording each :class:`Attempt`.
+    """Executes a user's actions as an agent's planner would, recording each `Attempt`.
 
     ``actions`` is the user's executor (tools registered). ``scope`` is the tenant or
-    conversation :meth:`propose` puts in every key. ``number`` names this planner in the
+    conversation `propose` puts in every key. ``number`` names this planner in the
     attempts (a second process, a restarted one). The faults of ``actions`` are installed on
-    first use (:class:`ToolFaults`).
+    first use (`ToolFaults`).
 
     The kit runs on a fake clock: a duplicate whose key is held by a dead attempt can only end
     in "in progress" until the test moves the clock, so it is not made to wait ``actions.wait``
-    seconds of real time for that answer (see :meth:`execute`).
+    seconds of real time for that answer (see `execute`).
     """
 
     def __init__(self, actions: Actions, *, scope: str = "tenant-1", number: int = 1) -> None:

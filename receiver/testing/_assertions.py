@@ -14,8 +14,8 @@ _LIST_LIMIT = 1000
 
 
 class Attempted(Protocol):
-    """One attempt as the kit saw it: a webhook :class:`Delivery`, a tool's :class:`Attempt`
-    or an HTTP :class:`Answer`; the assertions below take any of them."""
+    """One attempt as the kit saw it: a webhook `Delivery`, a tool's `Attempt`
+    or an HTTP `Answer`; the assertions below take any of them."""
 
     @property
     def outcome(self) -> str: ...
@@ -91,9 +91,11 @@ async def count(store: Store | Connection, query: str, *args: Any) -> int:
 
 
 async def assert_count(store: Store | Connection, expected: int, query: str, *args: Any) -> None:
-    """The user's own count query returns ``expected``, e.g. one row per order::
+    """The user's own count query returns ``expected``, e.g. one row per order:
 
+    ```python
     await assert_count(store, 1, "SELECT count(*) FROM orders WHERE id = $1", "o-1")
+    ```
     """
     found = await count(store, query, *args)
     if found != expected:

@@ -17,7 +17,7 @@ class FakeClock:
 
     Give the same clock to the Receiver (``Receiver(clock=clock)``: signature tolerance and the
     replay cache), to the store (``SQLiteStore(path, clock=clock)``: leases and expiry) and to
-    the :class:`~receiver.testing.Sender` (the timestamps it signs), so that "three days later"
+    the `Sender` (the timestamps it signs), so that "three days later"
     means the same thing to all of them.
     """
 

@@ -190,7 +190,7 @@ def find_middleware(app: ASGIApp) -> Keyed:
 class EndpointFaults(ArmedFaults):
     """The faults armed behind one middleware, per Idempotency-Key. Install once.
 
-    :attr:`Fault.AFTER_CLAIM` strikes before the endpoint runs; ``BEFORE_COMMIT`` and
+    `Fault.AFTER_CLAIM` strikes before the endpoint runs; ``BEFORE_COMMIT`` and
     ``AFTER_EXTERNAL_CALL`` after it answered (its ``tx`` writes made, its outside calls done),
     before the answer is stored; ``HANDLER_ERROR`` makes it raise after its work (the server
     answers 500; the key is given back).
@@ -240,7 +240,7 @@ class EndpointFaults(ArmedFaults):
 
 class Client:
     """Sends keyed requests to the user's ASGI ``app``, in this process, as a client that
-    retries does; records each :class:`Answer`. ``headers`` go with every request (the
+    retries does; records each `Answer`. ``headers`` go with every request (the
     credentials the app's ``principal`` reads). ``async with Client(app) as client:`` runs the
     app's lifespan (its startup creates tables, the middleware's sweeper starts) unless
     ``lifespan=False``.

@@ -84,7 +84,7 @@ class Drop:
 @dataclass(frozen=True, slots=True)
 class Reserialize:
     """The same request with the same key, its JSON body written by another client library
-    (``style``: one of :data:`STYLES`)."""
+    (``style``: one of `STYLES`)."""
 
     request: int
     style: str

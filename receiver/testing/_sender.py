@@ -96,7 +96,7 @@ class Delivery:
 class Sender:
     """Signs and sends deliveries of one provider, as that provider would.
 
-    ``target`` is the user's :class:`~receiver.Receiver` (deliveries go through its ASGI app,
+    ``target`` is the user's `Receiver` (deliveries go through its ASGI app,
     in this process) or the base URL of a running one (``"http://127.0.0.1:8000/webhooks"``;
     each delivery is ``POST {url}/{provider}``). With a Receiver the scheme is read from the
     provider's verifier; with a URL give ``scheme=`` (``"standard-webhooks"``, ``"svix"``
@@ -105,7 +105,7 @@ class Sender:
     ``"twilio"``). ``secret`` is the signing secret: a ``whsec_...`` (v1) or ``whsk_...`` (v1a)
     for Standard Webhooks, the Auth Token for Twilio, the shared secret otherwise. Twilio signs
     the URL it requests: the Twilio verifier's ``url`` in-process, ``{url}/{provider}`` over
-    HTTP. ``clock`` dates every signature; give the test's :class:`FakeClock`.
+    HTTP. ``clock`` dates every signature; give the test's `FakeClock`.
     """
 
     def __init__(
@@ -168,7 +168,7 @@ class Sender:
         ``payload["data"]``, Stripe's ``payload["data"]["object"]``, Slack's
         ``payload["event"]``, Paddle's ``payload["data"]``, Zoom's
         ``payload["payload"]["object"]``, Linear's ``payload["data"]``, and the top level of a
-        GitHub or Shopify body or of Twilio's form. Its body is fixed now; every :meth:`send`
+        GitHub or Shopify body or of Twilio's form. Its body is fixed now; every `send`
         repeats it."""
         webhook_id = id if id is not None else f"{self.scheme.id_prefix}{next(self._ids):06d}"
         body = self.scheme.body(webhook_id, type, data if data is not None else {}, self.clock())

@@ -37,7 +37,7 @@ def _with_database(url: str, name: str) -> str:
 
 class TestStores:
     """Hands out fresh, unopened stores of one kind. ``kind`` is ``"sqlite"`` or
-    ``"postgresql"``; each :meth:`fresh` store starts empty (a new file, or every table of the
+    ``"postgresql"``; each `fresh` store starts empty (a new file, or every table of the
     throwaway database truncated: the ledger's and the handlers' own)."""
 
     __test__ = False  # not a test class, whatever pytest thinks of the name

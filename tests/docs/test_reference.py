@@ -1,6 +1,7 @@
 """The reference pages cover what they claim: the CLI page is generated from the parser (every
-command and option, whatever the environment says), the API page lists every public name, and
-the README is a short front page whose links resolve and reach every section of the docs."""
+command and option, whatever the environment says), the API pages list every public name, each
+in exactly one group, and the README is a short front page whose links resolve and reach every
+section of the docs."""
 
 from __future__ import annotations
 
@@ -41,11 +42,40 @@ def test_the_cli_page_is_generated_from_the_parser(monkeypatch: pytest.MonkeyPat
     assert "--version" in rendered
 
 
-@pytest.mark.parametrize(
-    ("page", "module"), [("api.md", receiver), ("testing.md", receiver.testing)]
-)
-def test_the_api_pages_document_every_public_name(page: str, module: ModuleType) -> None:
-    text = (DOCS / "reference" / page).read_text()
+def api_groups() -> dict[str, list[tuple[str, list[str]]]]:
+    """The groups of names each page of the Python API lists, by page."""
+    return {
+        page.name: hook.groups(page.read_text())
+        for page in sorted((DOCS / "reference" / "api").glob("*.md"))
+    }
+
+
+def test_every_public_name_is_in_exactly_one_group_of_the_api_pages() -> None:
+    listed = [
+        name for groups in api_groups().values() for module, names in groups for name in names
+    ]
+    assert {module for groups in api_groups().values() for module, _ in groups} == {"receiver"}
+    assert sorted(listed) == sorted(receiver.__all__)  # each once: no name left out or repeated
+    assert len(api_groups()) >= 8  # one page per task, not one page of everything
+
+
+def test_a_group_naming_what_is_not_public_fails_the_build() -> None:
+    with pytest.raises(ValueError, match="Serving"):
+        hook.on_page_markdown("<!-- api: receiver Receiver\n  Serving -->")
+
+
+@pytest.mark.parametrize("page", ["webhooks.md", "errors.md"])
+def test_a_group_becomes_one_entry_per_name_in_its_order(page: str) -> None:
+    text = (DOCS / "reference" / "api" / page).read_text()
+    rendered = hook.on_page_markdown(text)
+    assert "<!-- api:" not in rendered
+    found = re.findall(r"^::: receiver\.(\w+)$", rendered, re.M)
+    assert found == [name for _, names in api_groups()[page] for name in names]
+
+
+def test_the_testing_page_documents_every_public_name() -> None:
+    module: ModuleType = receiver.testing
+    text = (DOCS / "reference" / "testing.md").read_text()
     assert f"<!-- api: {module.__name__} -->" in text
     rendered = hook.on_page_markdown(text)
     found = re.findall(rf"^::: {re.escape(module.__name__)}\.(\w+)$", rendered, re.M)
