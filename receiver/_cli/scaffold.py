@@ -273,7 +273,7 @@ The PostgreSQL driver (asyncpg) comes with the package: no extra to install.
 
 ```console
 export RECEIVER_STORE=postgresql://app@db.internal/app   # or `store = ...` in receiver.toml
-receiver migrate --store "$RECEIVER_STORE"               # the ledger's tables, once per release
+receiver migrate --config receiver.toml                # as the owner: the ledger's and sql/
 RECEIVER_TEST_PG_URL=postgresql://postgres@127.0.0.1/postgres python -m pytest
 ```
 
@@ -281,6 +281,7 @@ The tests then run on a throwaway database of that server, as they run on SQLite
 """
 
 RUN_WEBHOOK = """\
+receiver migrate --config receiver.toml   # the ledger's tables and the app's (sql/), once
 export SHOP_WEBHOOK_SECRET=$(python -c 'import receiver; print(receiver.generate_secret())')
 receiver serve --config receiver.toml
 receiver send --url http://127.0.0.1:8000/shop --secret "$SHOP_WEBHOOK_SECRET" \\
