@@ -54,12 +54,20 @@ def project_files(name: str, *, tool: bool, queued: bool = False) -> dict[str, s
     return {
         "receiver.toml": config,
         "orders.py": scaffold.ORDERS.format(),
+        "sql/0001_orders.sql": scaffold.APP_SQL,
         "test_orders.py": tests,
         "README.md": scaffold.README.format(
             name=name, option=" --queued" if queued else "", run=run
         ),
         "pyproject.toml": scaffold.PYPROJECT,
     }
+
+
+def _within(target: Path, name: str) -> list[Path]:
+    """The paths a file's name goes through in ``target``: ``sql/0001_orders.sql`` is the
+    ``sql`` directory and the file (neither may be a link)."""
+    parts = Path(name).parts
+    return [target.joinpath(*parts[: i + 1]) for i in range(len(parts))]
 
 
 def _write(path: Path, text: str) -> None:
@@ -81,7 +89,7 @@ def init_command(args: argparse.Namespace) -> int:
             raise ReceiverError(f"{target} is a file: init writes a project into a directory")
         # A link is refused, --force or not: written through, a dangling one would create its
         # target outside the directory, and any other would overwrite a file anywhere.
-        links = [n for n in files if (target / n).is_symlink()]
+        links = [n for n in files if any(p.is_symlink() for p in _within(target, n))]
         if links:
             raise ReceiverError(
                 f"symbolic links in {target}: {', '.join(links)}; init never writes through a "
@@ -95,6 +103,7 @@ def init_command(args: argparse.Namespace) -> int:
             )
         target.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
+            (target / name).parent.mkdir(exist_ok=True)  # sql/
             _write(target / name, text)
     except OSError as exc:
         # A name too long, no permission, a full disk: said in one line, not a traceback.

@@ -16,6 +16,10 @@ store = "sqlite:///app.db"
 
 # Modules whose register(rx) adds the handlers.
 handlers = ["orders"]
+# The app's own tables: the .sql files of this directory, applied in name order, each once, by
+# `receiver migrate --config receiver.toml` as the database's owner (the serving role needs no
+# CREATE). Add a new file for a change; never edit one that has been applied.
+migrations = "sql"
 # POST http://127.0.0.1:8000/shop
 [providers.shop]
 scheme = "standard-webhooks"
@@ -26,7 +30,8 @@ schedule = "svix"                       # the sender's retry schedule: the dedup
 ORDERS = '''\
 """The webhook handlers: one order row per ``order.created`` event.
 
-The row is written through ``tx``, so it commits in one transaction with the receipt: a
+The table is sql/0001_orders.sql's, created by ``receiver migrate`` as the owner. The row is
+written through ``tx``, so it commits in one transaction with the receipt: a
 redelivery replays the stored answer and never inserts a second row, and a crash before the
 commit leaves nothing behind. (The table has no unique constraint on purpose: the tests prove
 that the ledger, not the table, keeps the effect to one.)
@@ -37,8 +42,6 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 from receiver import Connection, Event, Receiver
-
-ORDERS_DDL = "CREATE TABLE IF NOT EXISTS orders (id TEXT NOT NULL, total INTEGER NOT NULL)"
 
 
 def valid(order: Any) -> bool:
@@ -57,10 +60,7 @@ def valid(order: Any) -> bool:
 
 
 def register(rx: Receiver) -> None:
-    @rx.on_startup
-    async def tables(conn: Connection) -> None:
-        await conn.execute(ORDERS_DDL)
-
+    # The orders table comes from sql/0001_orders.sql (`receiver migrate`), not from here.
     @rx.on("order.created")
     async def created(event: Event, tx: Connection) -> Any:
         order = event.payload.get("data")
@@ -102,13 +102,14 @@ CONFIG = Path(__file__).with_name("receiver.toml")
 ORDERS = "SELECT count(*) FROM orders WHERE id = $1"
 
 
-def build(store, clock):
+async def build(store, clock):
     config = load_config(CONFIG)
+    await config.migrate(store)  # the app's tables (sql/), as `receiver migrate` makes them
     return config.receiver(store=store, clock=clock, environ={{"SHOP_WEBHOOK_SECRET": SECRET}})
 
 @pytest.mark.asyncio
 async def test_a_redelivery_replays(receiver_store, receiver_clock):
-    rx = build(receiver_store, receiver_clock)
+    rx = await build(receiver_store, receiver_clock)
     async with rx, Sender(rx, "shop", SECRET, clock=receiver_clock) as shop:
         created = shop.event("order.created", {{"id": "ord_1", "total": 1200}})
         first = await shop.send(created)
@@ -120,7 +121,7 @@ async def test_a_redelivery_replays(receiver_store, receiver_clock):
 
 @pytest.mark.asyncio
 async def test_a_hundred_concurrent_copies_run_once(receiver_store, receiver_clock):
-    rx = build(receiver_store, receiver_clock)
+    rx = await build(receiver_store, receiver_clock)
     async with rx, Sender(rx, "shop", SECRET, clock=receiver_clock) as shop:
         created = shop.event("order.created", {{"id": "ord_2", "total": 99}})
         assert_executed_once(await shop.twins(created, 100))  # one barrier
@@ -129,7 +130,7 @@ async def test_a_hundred_concurrent_copies_run_once(receiver_store, receiver_clo
 
 @pytest.mark.asyncio
 async def test_a_crash_mid_handler_runs_once_after_recovery(receiver_store, receiver_clock):
-    rx = build(receiver_store, receiver_clock)
+    rx = await build(receiver_store, receiver_clock)
     async with rx, Sender(rx, "shop", SECRET, clock=receiver_clock) as shop:
         created = shop.event("order.created", {{"id": "ord_3", "total": 5}})
 {crash}
@@ -272,7 +273,7 @@ The PostgreSQL driver (asyncpg) comes with the package: no extra to install.
 
 ```console
 export RECEIVER_STORE=postgresql://app@db.internal/app   # or `store = ...` in receiver.toml
-receiver migrate --store "$RECEIVER_STORE"               # the ledger's tables, once per release
+receiver migrate --config receiver.toml                # as the owner: the ledger's and sql/
 RECEIVER_TEST_PG_URL=postgresql://postgres@127.0.0.1/postgres python -m pytest
 ```
 
@@ -280,6 +281,7 @@ The tests then run on a throwaway database of that server, as they run on SQLite
 """
 
 RUN_WEBHOOK = """\
+receiver migrate --config receiver.toml   # the ledger's tables and the app's (sql/), once
 export SHOP_WEBHOOK_SECRET=$(python -c 'import receiver; print(receiver.generate_secret())')
 receiver serve --config receiver.toml
 receiver send --url http://127.0.0.1:8000/shop --secret "$SHOP_WEBHOOK_SECRET" \\
@@ -325,8 +327,9 @@ CONFIG = Path(__file__).with_name("receiver.toml")
 ORDERS = "SELECT count(*) FROM orders WHERE id = $1"
 
 
-def build(store, clock):
+async def build(store, clock):
     config = load_config(CONFIG)
+    await config.migrate(store)  # the app's tables (sql/), as `receiver migrate` makes them
     return config.receiver(store=store, clock=clock, environ={"SHOP_WEBHOOK_SECRET": SECRET})
 
 
@@ -353,7 +356,7 @@ async def ran(rx, order_id):
 
 @pytest.mark.asyncio
 async def test_a_redelivery_replays(receiver_store, receiver_clock):
-    rx = build(receiver_store, receiver_clock)
+    rx = await build(receiver_store, receiver_clock)
     async with rx, Sender(rx, "shop", SECRET, clock=receiver_clock) as shop, workers(rx):
         created = shop.event("order.created", {"id": "ord_1", "total": 1200})
         first = await shop.send(created)
@@ -365,7 +368,7 @@ async def test_a_redelivery_replays(receiver_store, receiver_clock):
 
 @pytest.mark.asyncio
 async def test_a_hundred_concurrent_copies_run_once(receiver_store, receiver_clock):
-    rx = build(receiver_store, receiver_clock)
+    rx = await build(receiver_store, receiver_clock)
     async with rx, Sender(rx, "shop", SECRET, clock=receiver_clock) as shop, workers(rx):
         created = shop.event("order.created", {"id": "ord_2", "total": 99})
         assert_executed_once(await shop.twins(created, 100))  # one barrier
@@ -375,7 +378,7 @@ async def test_a_hundred_concurrent_copies_run_once(receiver_store, receiver_clo
 
 @pytest.mark.asyncio
 async def test_a_crash_mid_handler_runs_once_after_recovery(receiver_store, receiver_clock):
-    rx = build(receiver_store, receiver_clock)
+    rx = await build(receiver_store, receiver_clock)
     async with rx, Sender(rx, "shop", SECRET, clock=receiver_clock) as shop, workers(rx):
         created = shop.event("order.created", {"id": "ord_3", "total": 5})
         # The worker's handler writes its row, then the process "dies" before the commit.
@@ -393,6 +396,12 @@ async def test_a_crash_mid_handler_runs_once_after_recovery(receiver_store, rece
         await assert_nothing_in_flight(rx.store)
         assert_replayed(accepted, [await shop.send(created)])
 '''
+
+APP_SQL = """\
+-- The orders table (receiver.toml's `migrations = "sql"`): `receiver migrate --config
+-- receiver.toml` applies it once, as the role that runs the migrations (the owner).
+CREATE TABLE orders (id TEXT NOT NULL, total INTEGER NOT NULL);
+"""
 
 QUEUED_MODE = """\
 mode = "queued"                         # answer 202 once stored; workers run the handler

@@ -84,6 +84,9 @@ def migrate(args: argparse.Namespace) -> int:
                 return 0
             for name in await store.migrate():
                 print(f"applied {name}")
+            if args.config:  # the app's own tables, as this (the owner's) role
+                for name in await load_config(args.config).migrate(store):
+                    print(f"applied {name} (the app's)")
             if args.layout is not None:
                 async with store.acquire() as conn:
                     changed = await partitions.convert(conn, args.layout)

@@ -68,6 +68,8 @@ DEFAULT_LEASE = 60.0
 _TOP_KEYS = (
     "store",
     "handlers",
+    # The app's own SQL files (its tables), applied by `receiver migrate` as the owner.
+    "migrations",
     "max_body_size",
     "retry_after",
     "sweep_interval",
@@ -160,6 +162,13 @@ class _Parser:
                     'expected "module" (its register(rx) is called) or "module:function", '
                     f"got {show(spec)}",
                 )
+        migrations = doc.get("migrations")
+        if migrations is not None and (not isinstance(migrations, str) or not migrations):
+            raise self.error(
+                ("migrations",),
+                'expected a directory of .sql files, relative to this file, e.g. "sql", '
+                f"got {show(migrations)}",
+            )
         max_body_size = doc.get("max_body_size", DEFAULT_MAX_BODY)
         if isinstance(max_body_size, bool) or not isinstance(max_body_size, int):
             raise self.error(
@@ -220,6 +229,7 @@ class _Parser:
             path=self.path,
             store=store,
             handlers=tuple(handlers),
+            migrations=migrations,
             max_body_size=max_body_size,
             retry_after=int(retry_after),
             sweep_interval=None

@@ -13,10 +13,12 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .._exceptions import ConfigurationError
 from .._ops.sweeper import AUDIT_RETENTION, DEAD_LETTER_RETENTION
 from .._queue.backoff import Backoff
+from .._store.app_migrations import apply_app
 from .._store.base import Store
 from .._verification.schemes import GitHub, Shopify, Slack, Stripe, _key
 from .._verification.senders import Linear, Paddle, Zoom
@@ -87,6 +89,8 @@ class Config:
     max_in_progress: int | None = None
     #: The wait an admitted delivery is kept within, seconds (the derived bound's target).
     max_queue_wait: float = 0.5
+    #: The app's own migrations: a directory of .sql files (relative to the file), or None.
+    migrations: str | None = None
     _lines: Mapping[tuple[str, ...], int] = field(default_factory=dict, repr=False, compare=False)
 
     def receiver(
@@ -129,6 +133,25 @@ class Config:
             except ConfigurationError as exc:
                 raise self._error(("handlers", index), f"{self.handlers[index]}: {exc}") from exc
         return rx
+
+    @property
+    def migrations_dir(self) -> Path | None:
+        """The app's migrations directory (``migrations``, relative to the file), or None."""
+        if self.migrations is None:
+            return None
+        return Path(self.path).parent / self.migrations
+
+    async def migrate(self, store: Store) -> list[str]:
+        """Apply the app's own migrations (the ``migrations`` directory's .sql files) that
+        ``store`` lacks, as ``receiver migrate`` does after the ledger's; the files applied.
+        A test calls it on its throwaway store before building the Receiver."""
+        directory = self.migrations_dir
+        if directory is None:
+            return []
+        try:
+            return await apply_app(store, directory)
+        except ConfigurationError as exc:
+            raise self._error(("migrations",), str(exc)) from exc
 
     def _provider(self, config: ProviderConfig, env: Mapping[str, str]) -> Provider:
         secrets: list[str] = []

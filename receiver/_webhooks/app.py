@@ -160,6 +160,7 @@ class Receiver(Serving):
         #: Opened by the lifespan, ``async with rx:``, or else the first delivery (a Receiver
         #: mounted where no lifespan reaches it still runs its startup hooks first).
         self._opened = False
+        self._startup_refused = None
         self._open_lock = asyncio.Lock()
         if isinstance(replay_cache, bool) or not isinstance(replay_cache, int) or replay_cache < 0:
             raise ConfigurationError(

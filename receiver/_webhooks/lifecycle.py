@@ -8,7 +8,12 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from .._exceptions import SchemaOutdated, StoreMisconfigured, StoreUnavailable
+from .._exceptions import (
+    ConfigurationError,
+    SchemaOutdated,
+    StoreMisconfigured,
+    StoreUnavailable,
+)
 from .._logging import get_logger
 from .._ops.health import check_ready
 from .._ops.metrics import Metrics
@@ -22,6 +27,34 @@ from .sweeper import sweep
 from .worker import Worker
 
 StartupHook = Callable[[Connection], Awaitable[None]]
+
+_INSUFFICIENT_PRIVILEGE = "42501"  # PostgreSQL's insufficient_privilege
+
+
+class StartupRefused(ConfigurationError):
+    """A startup hook's statement was refused for the store role's privileges (typically a
+    ``CREATE TABLE`` as a role without CREATE on the schema): no retry fixes that."""
+
+
+def _refused_for_privileges(exc: BaseException) -> bool:
+    """Whether the driver's error (raised as it is, or translated ``from`` it) is PostgreSQL's
+    insufficient_privilege."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if getattr(seen, "sqlstate", None) == _INSUFFICIENT_PRIVILEGE:
+            return True
+        seen = seen.__cause__
+    return False
+
+
+def _refusal(hook: StartupHook) -> StartupRefused:
+    name = f"{getattr(hook, '__module__', '?')}.{getattr(hook, '__name__', repr(hook))}"
+    return StartupRefused(
+        f"the startup hook {name} was refused for privileges (SQLSTATE 42501): the store "
+        "URL's role may not run its statements; create the app's tables as their owner "
+        "(`receiver migrate --config receiver.toml` applies the files in its `migrations` "
+        "directory), or GRANT CREATE ON SCHEMA public TO the store URL's role"
+    )
 
 
 class Lifecycle:
@@ -42,6 +75,8 @@ class Lifecycle:
     #: Why deliveries are refused while the startup work is pending, when it is not an outage.
     _not_ready: StoreUnavailable | None
     _opened: bool
+    #: Why the lifespan failed the start-up, once it has said so in its ALERT line.
+    _startup_refused: StartupRefused | None
     handoffs: Handoffs
     _sweeper: asyncio.Task[None] | None
     _worker: Worker | None
@@ -92,7 +127,13 @@ class Lifecycle:
         if self._startup:
             async with self.store.acquire() as conn:
                 for hook in self._startup:
-                    await hook(conn)
+                    try:
+                        await hook(conn)
+                    except Exception as exc:
+                        if not _refused_for_privileges(exc):
+                            raise
+                        # One line naming the fix, not the driver's traceback.
+                        raise _refusal(hook) from None
 
     async def _retry_startup_hooks(self) -> None:
         logger = get_logger("receiver")
@@ -114,6 +155,11 @@ class Lifecycle:
                 self._not_ready = StoreMisconfigured(str(exc))
                 logger.error("ALERT: %s; deliveries are answered 503", exc)
                 delay = 5.0
+                continue
+            except StartupRefused as exc:
+                self._not_ready = StoreMisconfigured(str(exc))
+                logger.error("ALERT: %s; deliveries are answered 503", exc)
+                delay = 30.0
                 continue
             except Exception:
                 # A hook's own bug: loud, and retried slowly (its fix may be in the database).
@@ -142,8 +188,15 @@ class Lifecycle:
         """An ASGI lifespan: ``Starlette(..., lifespan=rx.lifespan)``. Opens the store and runs
         the background sweeper (every ``sweep_interval`` seconds) while the app serves. A
         store that is down at start does not stop it: deliveries are answered 503 until the
-        store answers and the startup hooks have run."""
-        await self.open(defer_startup=True)
+        store answers and the startup hooks have run. A startup hook refused for privileges
+        fails the start-up, after one ALERT line naming the GRANT."""
+        try:
+            await self.open(defer_startup=True)
+        except StartupRefused as exc:
+            self._startup_refused = exc
+            get_logger("receiver").error("ALERT: the receiver cannot start: %s", exc)
+            await self.store.close()
+            raise
         try:
             if self.sweep_interval is not None:
                 self._sweeper = asyncio.create_task(

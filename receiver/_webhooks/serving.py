@@ -12,7 +12,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from .._exceptions import SchemaOutdated, StoreMisconfigured, StoreUnavailable
 from .._ledger.responses import error, replay
@@ -69,7 +69,20 @@ class Serving(Lifecycle):
                 response = await self._deliver_http(Request(scope, receive), provider, arrived)
                 await response(scope, receive, send)
                 return
+        if scope["type"] == "lifespan":
+            send = self._lifespan_send(send)
         await self._app(scope, receive, send)
+
+    def _lifespan_send(self, send: Send) -> Send:
+        """``send`` for the lifespan: a start-up the lifespan refused has been reported in
+        its ALERT line, so Starlette's traceback of it is left out."""
+
+        async def lifespan_send(message: Message) -> None:
+            if message["type"] == "lifespan.startup.failed" and self._startup_refused:
+                message = {**message, "message": ""}
+            await send(message)
+
+        return lifespan_send
 
     async def deliver(
         self,

@@ -100,7 +100,7 @@ from test_orders import SECRET, build
     ],
 )
 async def test_an_order_the_table_cannot_hold_is_a_final_422(receiver_store, receiver_clock, data):
-    rx = build(receiver_store, receiver_clock)
+    rx = await build(receiver_store, receiver_clock)
     async with rx, Sender(rx, "shop", SECRET, clock=receiver_clock) as shop:
         answer = await shop.send(shop.event("order.created", data))
         assert answer.status == 422, answer

@@ -410,15 +410,16 @@ ERRORS = [
     (
         'stor = "x"\n' + P,
         "receiver.toml:1: stor: unknown key (did you mean store?); the file's top level takes "
-        "store, handlers, max_body_size, retry_after, sweep_interval, trusted_proxies, workers, "
-        "dead_letter_retention, audit_retention, max_in_progress, max_queue_wait, providers",
+        "store, handlers, migrations, max_body_size, retry_after, sweep_interval, "
+        "trusted_proxies, workers, dead_letter_retention, audit_retention, max_in_progress, "
+        "max_queue_wait, providers",
     ),
     (
         'scheme = "stripe"\n' + P,
         "receiver.toml:1: scheme: unknown key (provider settings go in a [providers.NAME] "
-        "table); the file's top level takes store, handlers, max_body_size, retry_after, "
-        "sweep_interval, trusted_proxies, workers, dead_letter_retention, audit_retention, "
-        "max_in_progress, max_queue_wait, providers",
+        "table); the file's top level takes store, handlers, migrations, max_body_size, "
+        "retry_after, sweep_interval, trusted_proxies, workers, dead_letter_retention, "
+        "audit_retention, max_in_progress, max_queue_wait, providers",
     ),
     (
         P + "max_body_size = 10\n",

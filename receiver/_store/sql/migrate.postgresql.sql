@@ -43,3 +43,17 @@ WHERE i.indexrelid = to_regclass($1) AND NOT i.indisvalid;
 -- name: drop_index
 -- {index} is a validated identifier (an index name cannot be a parameter).
 DROP INDEX CONCURRENTLY IF EXISTS {index};
+
+-- The app's own migrations (receiver/_store/app_migrations.py): each file once, by its name.
+-- name: app_create_table
+CREATE TABLE IF NOT EXISTS receiver_app_migrations (
+    name       TEXT PRIMARY KEY,
+    checksum   TEXT NOT NULL,
+    applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+
+-- name: app_applied
+SELECT name, checksum FROM receiver_app_migrations ORDER BY name;
+
+-- name: app_record
+INSERT INTO receiver_app_migrations (name, checksum) VALUES ($1, $2);

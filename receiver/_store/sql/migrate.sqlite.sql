@@ -36,3 +36,17 @@ SELECT 1 AS invalid WHERE $1 IS NULL AND 0;
 
 -- name: drop_index
 DROP INDEX IF EXISTS {index};
+
+-- The app's own migrations (receiver/_store/app_migrations.py): each file once, by its name.
+-- name: app_create_table
+CREATE TABLE IF NOT EXISTS receiver_app_migrations (
+    name       TEXT PRIMARY KEY,
+    checksum   TEXT NOT NULL,
+    applied_at REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0)
+);
+
+-- name: app_applied
+SELECT name, checksum FROM receiver_app_migrations ORDER BY name;
+
+-- name: app_record
+INSERT INTO receiver_app_migrations (name, checksum) VALUES ($1, $2);
