@@ -13,9 +13,11 @@ quoted when they contain anything unusual, so a webhook-id cannot forge a line).
 :class:`JSONFormatter` keeps the short message and the fields apart; :class:`TextFormatter`
 shows the message as it is.
 
-``receiver serve --log-format json|text`` installs them (:func:`logging_config` is the
-``dictConfig`` handed to uvicorn); an application that configures logging itself can use
-:class:`JSONFormatter` in its own handler.
+``receiver serve``, ``worker``, ``proxy`` and ``console`` install them with ``--log-format``:
+``auto`` (the default) is ``text`` when stderr is a terminal and ``json`` otherwise (a pipe, a
+file, a container's log collector); :func:`logging_config` is the ``dictConfig`` handed to
+uvicorn. An application that configures logging itself can use :class:`JSONFormatter` in its
+own handler.
 """
 
 from __future__ import annotations
@@ -25,13 +27,27 @@ import json
 import logging
 import logging.config
 import re
+import sys
 from typing import Any
 
 import orjson
 
 from ._secrets import mask_text
 
-FORMATS = ("json", "text")
+FORMATS = ("auto", "json", "text")
+#: The help of every command's ``--log-format``.
+FORMAT_HELP = "auto (text on a terminal, else json), json (one object per line) or text"
+
+
+def resolve_format(log_format: str) -> str:
+    """``json`` or ``text``: ``auto`` is text for a person at a terminal, JSON for a machine."""
+    if log_format not in FORMATS:
+        raise ValueError(f"log format must be one of {FORMATS}, not {log_format!r}")
+    if log_format != "auto":
+        return log_format
+    isatty = getattr(sys.stderr, "isatty", None)
+    return "text" if isatty is not None and isatty() else "json"
+
 
 # Attributes every LogRecord has; anything else on a record came from ``extra``.
 _STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {
@@ -147,9 +163,9 @@ class TextFormatter(logging.Formatter):
 def logging_config(log_format: str = "json", level: str = "info") -> dict[str, Any]:
     """A ``logging.config.dictConfig`` for the receiver and uvicorn (``log_config=`` of
     ``uvicorn.run``): every record to stderr in ``log_format``. The ``receiver`` logger is left
-    alone (it propagates to the root), so handlers an application added to it stay."""
-    if log_format not in FORMATS:
-        raise ValueError(f"log format must be one of {FORMATS}, not {log_format!r}")
+    alone (it propagates to the root), so handlers an application added to it stay. ``auto``
+    is decided here, by this process's stderr (:func:`resolve_format`)."""
+    log_format = resolve_format(log_format)
     name = {"trace": "DEBUG"}.get(level.lower(), level.upper())
     formatter = "receiver._logging.JSONFormatter" if log_format == "json" else None
     return {

@@ -22,6 +22,7 @@ import uvicorn
 
 from .._console import Console, sessions
 from .._exceptions import ReceiverError
+from .._logging import FORMAT_HELP, FORMATS, logging_config
 from . import values
 from .loading import DEFAULT_APP, config_receiver, existing_store, load_receiver, read
 from .receipts import default_actor
@@ -45,6 +46,7 @@ def add_console_parser(sub: Any, add: Callable[..., None]) -> None:
         parser, "bulk-rate", "deliveries a second a bulk replay runs at", 20.0, type=values.positive
     )
     add(parser, "log-level", "uvicorn log level", "info", type=values.log_level)
+    add(parser, "log-format", FORMAT_HELP, "auto", choices=FORMATS)
     parser.add_argument(
         "--end-sessions",
         action="store_true",
@@ -157,6 +159,7 @@ def console_command(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         log_level=args.log_level,
+        log_config=logging_config(args.log_format, args.log_level),
         lifespan="on",
         # Open live pages hold an event stream: they reconnect to the next console.
         timeout_graceful_shutdown=5,

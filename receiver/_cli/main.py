@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._exceptions import ReceiverError
-from .._logging import FORMATS
+from .._logging import FORMAT_HELP, FORMATS
 from .._webhooks.app import DEFAULT_STORE
 from . import values
 from .bulk import add_bulk_arguments
@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, "port", "port to bind", 8000, type=values.port)
     _add(serve, "workers", "uvicorn worker processes", 1, type=values.count)
     _add(serve, "log-level", "uvicorn log level", "info", type=values.log_level)
-    _add(serve, "log-format", "json (one object per line) or text", "json", choices=FORMATS)
+    _add(serve, "log-format", FORMAT_HELP, "auto", choices=FORMATS)
 
     migrate = sub.add_parser(
         "migrate", help="apply the schema migrations the store lacks (idempotent)"
@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=values.port,
     )
     _add(worker, "log-level", "log level", "info", type=values.log_level)
-    _add(worker, "log-format", "json (one object per line) or text", "json", choices=FORMATS)
+    _add(worker, "log-format", FORMAT_HELP, "auto", choices=FORMATS)
 
     inspect = sub.add_parser("inspect", help="show one receipt: state, attempts, stored answer")
     inspect.add_argument("provider")

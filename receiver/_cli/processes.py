@@ -9,12 +9,11 @@ import contextlib
 import logging.config
 import os
 import signal
-import sys
 import tempfile
 from collections.abc import Iterator
 
 from .._exceptions import ReceiverError
-from .._logging import logging_config
+from .._logging import get_logger, logging_config
 from .._ops.sweeper import AUDIT_RETENTION, DEAD_LETTER_RETENTION, KeySweeper, SweepReport
 from .._store.base import Store
 from .._verification.verifier import generate_secret
@@ -30,6 +29,8 @@ from .loading import (
     load_receiver,
     read,
 )
+
+logger = get_logger("receiver.worker")
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -165,7 +166,8 @@ def sweep_command(args: argparse.Namespace) -> int:
 
 
 def worker_command(args: argparse.Namespace) -> int:
-    """Run a worker until SIGTERM or SIGINT, then stop gracefully (receiver/_webhooks/worker.py)."""
+    """Run a worker until SIGTERM or SIGINT, then stop gracefully (receiver/_webhooks/worker.py).
+    Every line it writes goes through the logging configuration of ``--log-format``."""
     logging.config.dictConfig(logging_config(args.log_format, args.log_level))
     if args.config:
         rx = config_receiver(args)
@@ -177,10 +179,7 @@ def worker_command(args: argparse.Namespace) -> int:
             os.environ["RECEIVER_STORE"] = args.store
         rx = load_receiver(args.app)
     if rx.store.dialect == "sqlite":
-        print(
-            "receiver: worker on SQLite: run a single worker process (SQLite has one writer)",
-            file=sys.stderr,
-        )
+        logger.warning("worker on SQLite: run a single worker process (SQLite has one writer)")
 
     async def run() -> None:
         worker = rx.worker(
@@ -198,11 +197,12 @@ def worker_command(args: argparse.Namespace) -> int:
         if not await worker.open():
             return
         try:
-            print(f"receiver: worker started on {rx.store.url}", file=sys.stderr, flush=True)
+            # (The store's URL without its password: Store.url.)
+            logger.info("worker started", extra={"store": rx.store.url})
             await worker.run()
         finally:
             await rx.close()
-        print(f"receiver: worker stopped: {worker.done}", file=sys.stderr, flush=True)
+        worker.summary()
 
     asyncio.run(run())
     return 0

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._exceptions import ReceiverError
-from .._logging import FORMATS, logging_config
+from .._logging import FORMAT_HELP, FORMATS, logging_config, resolve_format
 from .._proxy import forward
 from .._proxy.app import IdempotencyProxy, authorization_principal
 from .._store.url import store_from_url
@@ -79,7 +79,7 @@ def add_proxy_parser(sub: Any, add: Callable[..., None]) -> None:
         type=values.port,
     )
     add(p, "log-level", "log level", "info", type=values.log_level)
-    add(p, "log-format", "json (one object per line) or text", "json", choices=FORMATS)
+    add(p, "log-format", FORMAT_HELP, "auto", choices=FORMATS)
 
 
 def _split(value: str | None) -> list[str]:
@@ -97,6 +97,8 @@ def proxy_command(args: argparse.Namespace) -> int:
             f"need --timeout ({args.timeout:g} s) < --lease ({args.lease:g} s) <= --ttl "
             f"({args.ttl:g} s): an upstream call must end before its claim's lease does"
         )
+    # Decided here, by the terminal the command runs in, for every worker process alike.
+    args.log_format = resolve_format(args.log_format)
     options = {k: v for k, v in vars(args).items() if k != "command"}
     os.environ[_OPTIONS] = json.dumps(options)
     _app_from_environment()  # configuration errors before uvicorn starts

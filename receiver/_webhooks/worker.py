@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,6 +46,9 @@ from .pipeline import Pipeline
 from .providers import Provider
 
 logger = get_logger("receiver.worker")
+
+#: The outcome of an attempt whose end could not be stored (see Worker._left_in_flight).
+LEFT_IN_FLIGHT = "left_in_flight"
 
 #: PostgreSQL's channel: the enqueue statement sends at most one NOTIFY per batch.
 CHANNEL = "receiver_queue"
@@ -100,6 +104,8 @@ class Worker:
         self._running: dict[asyncio.Task[None], tuple[_Attempt, ...]] = {}
         #: Attempts this worker finished, by outcome (for tests and the benchmark).
         self.done: dict[str, int] = {}
+        #: Attempts whose end could not be stored (the stale recovery takes them over).
+        self.left_in_flight = 0
 
     @property
     def lease(self) -> float:
@@ -238,12 +244,13 @@ class Worker:
         handlers = self.rx.registry.match(key.provider, row["event_type"] or "")
         attempt = _Attempt(key, row["fence"], any(h.effects == "external" for h in handlers))
         self._running[asyncio.current_task()] = (attempt,)  # type: ignore[index]
+        started = time.perf_counter()
         try:
             reply = await self.rx.pipeline.process(*self._attempt_of(row, provider))
         except Exception as exc:
-            _left_in_flight(row, exc)
+            self._left_in_flight(row, exc, started)
             return
-        self._count(key.provider, reply.outcome)
+        self._finished_attempt(row, reply.outcome, started, reply.fence)
 
     def _attempt_of(self, row: Row, provider: Provider) -> QueuedAttempt:
         """What the pipeline needs to run a fetched row (and its queue lag, counted)."""
@@ -257,15 +264,17 @@ class Worker:
     async def _process_together(self, rows: list[Row]) -> None:
         """Several receipts whose handlers are all transactional, in group transactions."""
         attempts = [self._attempt_of(row, self.rx.providers[row["provider"]]) for row in rows]
+        started = time.perf_counter()
         try:
             replies: list[Any] = await self.rx.pipeline.process_together(attempts)
         except Exception as exc:
             replies = [exc] * len(rows)
+        # Each member's line carries the group transaction's duration: they committed together.
         for row, reply in zip(rows, replies, strict=True):
             if isinstance(reply, Exception):
-                _left_in_flight(row, reply)
+                self._left_in_flight(row, reply, started)
             else:
-                self._count(row["provider"], reply.outcome)
+                self._finished_attempt(row, reply.outcome, started, reply.fence)
 
     async def _recover_stale(self) -> int:
         store = self.rx.store
@@ -294,7 +303,12 @@ class Worker:
         logger.warning(
             "stale queued receipt recovered: %s",
             reply.outcome.value,
-            extra={"provider": key.provider, "webhook_id": key.webhook_id, "fence": reply.fence},
+            extra={
+                "provider": key.provider,
+                "webhook_id": key.webhook_id,
+                "outcome": reply.outcome.value,
+                "fence": reply.fence,
+            },
         )
         self._count(key.provider, reply.outcome)
 
@@ -320,6 +334,31 @@ class Worker:
         self.done[outcome.value] = self.done.get(outcome.value, 0) + 1
         if self.rx.metrics is not None:
             self.rx.metrics.queue_attempt(provider, outcome.value)
+
+    def _finished_attempt(self, row: Row, outcome: Outcome, started: float, fence: Any) -> None:
+        """Count an attempt that ended with ``outcome`` and write its line."""
+        self._count(row["provider"], outcome)
+        log_attempt(row, outcome.value, started, fence)
+
+    def _left_in_flight(self, row: Row, exc: Exception, started: float) -> None:
+        """The completion (or the retry's scheduling) could not reach the store: the receipt
+        stays in flight, and the stale recovery takes it over when its lease runs out."""
+        self.left_in_flight += 1
+        logger.warning(
+            "worker: attempt left in flight for the stale recovery (%s: %s)",
+            type(exc).__name__,
+            exc,
+            extra={"provider": row["provider"], "webhook_id": row["webhook_id"]},
+        )
+        log_attempt(row, LEFT_IN_FLIGHT, started, row["fence"])
+
+    def summary(self) -> None:
+        """The line at stop: how many attempts this worker finished, by outcome."""
+        counts = dict(sorted(self.done.items()))
+        if self.left_in_flight:
+            counts[LEFT_IN_FLIGHT] = self.left_in_flight
+        # Flat fields (``executed=3``), not a mapping: a text line shows them as they are.
+        logger.info("worker stopped", extra={"attempts": sum(counts.values()), **counts})
 
     async def _drain(self) -> None:
         """Graceful shutdown: wait for running attempts, then cancel and release the rest."""
@@ -376,14 +415,23 @@ class Worker:
             await asyncio.sleep(self.poll_interval)
 
 
-def _left_in_flight(row: Row, exc: Exception) -> None:
-    """The completion (or the retry's scheduling) could not reach the store: the receipt stays
-    in flight, and the stale recovery takes it over when its lease runs out."""
-    logger.warning(
-        "worker: attempt left in flight for the stale recovery (%s: %s)",
-        type(exc).__name__,
-        exc,
-        extra={"provider": row["provider"], "webhook_id": row["webhook_id"]},
+def log_attempt(row: Row, outcome: str, started: float, fence: Any) -> None:
+    """One line per attempt a worker ran: the receipt's key and type, how the attempt ended,
+    which attempt it was, and how long it took. Never the payload."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    logger.info(
+        "queued attempt %s",
+        outcome,
+        extra={
+            "provider": row["provider"],
+            "webhook_id": row["webhook_id"],
+            "event_type": row["event_type"] or None,
+            "outcome": outcome,
+            "fence": fence,
+            "attempt": int(row["attempts"]) + 1,
+            "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+        },
     )
 
 

@@ -198,7 +198,8 @@ def test_values_json_cannot_encode_are_still_one_line() -> None:
 
 def test_serve_log_format_option() -> None:
     parser = build_parser()
-    assert parser.parse_args(["serve"]).log_format == "json"
+    for command in ("serve", "worker", "proxy", "console"):
+        assert parser.parse_args([command]).log_format == "auto"
     assert parser.parse_args(["serve", "--log-format", "text"]).log_format == "text"
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level

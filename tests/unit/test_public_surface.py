@@ -104,6 +104,7 @@ CLI = {
         "--end-sessions",
         "--help",
         "--host",
+        "--log-format",
         "--log-level",
         "--port",
         "--read-only",
