@@ -42,11 +42,11 @@ ORDERS_DDL = "CREATE TABLE IF NOT EXISTS orders (id TEXT NOT NULL, total INTEGER
 
 
 def valid(order: Any) -> bool:
-    """What the table holds: an id of 1-200 characters without NUL (PostgreSQL's text has
-    none), a total of whole cents that fits INTEGER."""
+    """What the table holds: an order_id of 1-200 characters without NUL (PostgreSQL's text
+    has none), an amount_cents (whole cents) that fits INTEGER."""
     if not isinstance(order, dict):
         return False
-    order_id, total = order.get("id"), order.get("total")
+    order_id, total = order.get("order_id"), order.get("amount_cents")
     return (
         isinstance(order_id, str)
         and 0 < len(order_id) <= 200
@@ -66,12 +66,14 @@ def register(rx: Receiver) -> None:
         order = event.payload.get("data")
         if not valid(order):
             # Final: the same event will never fit, so a 422 (a 5xx would be retried for nothing).
-            detail = "data needs an id (text) and a total (whole cents)"
+            detail = "data needs an order_id (text) and an amount_cents (whole cents)"
             return JSONResponse({{"error": detail}}, status_code=422)
         await tx.execute(
-            "INSERT INTO orders (id, total) VALUES ($1, $2)", order["id"], order["total"]
+            "INSERT INTO orders (id, total) VALUES ($1, $2)",
+            order["order_id"],
+            order["amount_cents"],
         )
-        return {{"created": order["id"]}}
+        return {{"order_id": order["order_id"], "status": "created"}}
 '''
 
 TEST_ORDERS = '''\
@@ -110,7 +112,7 @@ def build(store, clock):
 async def test_a_redelivery_replays(receiver_store, receiver_clock):
     rx = build(receiver_store, receiver_clock)
     async with rx, Sender(rx, "shop", SECRET, clock=receiver_clock) as shop:
-        created = shop.event("order.created", {{"id": "ord_1", "total": 1200}})
+        created = shop.event("order.created", {{"order_id": "ord_1", "amount_cents": 1200}})
         first = await shop.send(created)
         again = [await shop.send(created) for _ in range(3)]
         assert first.outcome == "executed", first
@@ -122,7 +124,7 @@ async def test_a_redelivery_replays(receiver_store, receiver_clock):
 async def test_a_hundred_concurrent_copies_run_once(receiver_store, receiver_clock):
     rx = build(receiver_store, receiver_clock)
     async with rx, Sender(rx, "shop", SECRET, clock=receiver_clock) as shop:
-        created = shop.event("order.created", {{"id": "ord_2", "total": 99}})
+        created = shop.event("order.created", {{"order_id": "ord_2", "amount_cents": 99}})
         assert_executed_once(await shop.twins(created, 100))  # one barrier
         await assert_count(rx.store, 1, ORDERS, "ord_2")
 
@@ -131,7 +133,7 @@ async def test_a_hundred_concurrent_copies_run_once(receiver_store, receiver_clo
 async def test_a_crash_mid_handler_runs_once_after_recovery(receiver_store, receiver_clock):
     rx = build(receiver_store, receiver_clock)
     async with rx, Sender(rx, "shop", SECRET, clock=receiver_clock) as shop:
-        created = shop.event("order.created", {{"id": "ord_3", "total": 5}})
+        created = shop.event("order.created", {{"order_id": "ord_3", "amount_cents": 5}})
 {crash}
         await assert_count(rx.store, 1, ORDERS, "ord_3")
         await assert_nothing_in_flight(rx.store)
@@ -168,7 +170,7 @@ def register_tools(actions: Actions) -> None:
         await tx.execute(
             "INSERT INTO orders (id, total) VALUES ($1, $2)",
             call.request["order_id"],
-            call.request["total"],
+            call.request["amount_cents"],
         )
         return {"created": call.request["order_id"]}
 
@@ -186,7 +188,7 @@ async def main() -> None:
         actions = await build_actions(store)
         action = actions.propose(
             "create_order", scope="tenant-1", action_id="order-1",
-            request={"order_id": "order-1", "total": 1200, "note": "as the user asked"},
+            request={"order_id": "order-1", "amount_cents": 1200, "note": "as the user asked"},
         )
         print(await actions.execute(action))  # run it twice: the same stored result
 
@@ -221,7 +223,7 @@ ORDERS = "SELECT count(*) FROM orders WHERE id = $1"
 
 
 def order(planner, order_id):
-    return planner.propose("create_order", order_id, {"order_id": order_id, "total": 1200})
+    return planner.propose("create_order", order_id, {"order_id": order_id, "amount_cents": 1200})
 
 
 @pytest.mark.asyncio
@@ -283,7 +285,8 @@ RUN_WEBHOOK = """\
 export SHOP_WEBHOOK_SECRET=$(python -c 'import receiver; print(receiver.generate_secret())')
 receiver serve --config receiver.toml
 receiver send --url http://127.0.0.1:8000/shop --secret "$SHOP_WEBHOOK_SECRET" \\
-  --type order.created --data '{"id": "ord_1", "total": 1200}' --id msg_1   # twice: a replay"""
+  --type order.created --data '{"order_id": "ord_1", "amount_cents": 1200}' \\
+  --id msg_1   # twice: a replay"""
 
 RUN_AGENT = "python agent.py        # twice: the same stored result"
 
@@ -355,7 +358,7 @@ async def ran(rx, order_id):
 async def test_a_redelivery_replays(receiver_store, receiver_clock):
     rx = build(receiver_store, receiver_clock)
     async with rx, Sender(rx, "shop", SECRET, clock=receiver_clock) as shop, workers(rx):
-        created = shop.event("order.created", {"id": "ord_1", "total": 1200})
+        created = shop.event("order.created", {"order_id": "ord_1", "amount_cents": 1200})
         first = await shop.send(created)
         assert first.status == 202, first
         assert_replayed(first, [await shop.send(created) for _ in range(3)])
@@ -367,7 +370,7 @@ async def test_a_redelivery_replays(receiver_store, receiver_clock):
 async def test_a_hundred_concurrent_copies_run_once(receiver_store, receiver_clock):
     rx = build(receiver_store, receiver_clock)
     async with rx, Sender(rx, "shop", SECRET, clock=receiver_clock) as shop, workers(rx):
-        created = shop.event("order.created", {"id": "ord_2", "total": 99})
+        created = shop.event("order.created", {"order_id": "ord_2", "amount_cents": 99})
         assert_executed_once(await shop.twins(created, 100))  # one barrier
         await ran(rx, "ord_2")
         await assert_count(rx.store, 1, ORDERS, "ord_2")
@@ -377,7 +380,7 @@ async def test_a_hundred_concurrent_copies_run_once(receiver_store, receiver_clo
 async def test_a_crash_mid_handler_runs_once_after_recovery(receiver_store, receiver_clock):
     rx = build(receiver_store, receiver_clock)
     async with rx, Sender(rx, "shop", SECRET, clock=receiver_clock) as shop, workers(rx):
-        created = shop.event("order.created", {"id": "ord_3", "total": 5})
+        created = shop.event("order.created", {"order_id": "ord_3", "amount_cents": 5})
         # The worker's handler writes its row, then the process "dies" before the commit.
         Faults.of(rx).arm(created.id, Fault.BEFORE_COMMIT)
         accepted = await shop.send(created)
