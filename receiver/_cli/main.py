@@ -16,6 +16,7 @@ from typing import Any
 
 from .._exceptions import ReceiverError
 from .._logging import FORMATS
+from .._verification import sending
 from .._webhooks.app import DEFAULT_STORE
 from . import values
 from .bulk import add_bulk_arguments
@@ -215,8 +216,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     send = sub.add_parser("send", help="sign a delivery and POST it, to try the receiver")
     _add(send, "url", "the provider's endpoint", "http://127.0.0.1:8000/demo")
-    _add(send, "secret", "the provider's whsec_ (or whsk_) secret", None)
-    _add(send, "id", "webhook-id (reuse one to see a replay)", None)
+    _add(
+        send,
+        "scheme",
+        "the sender whose delivery to sign, as the provider's scheme names it",
+        "standard-webhooks",
+        choices=sending.SCHEMES,
+    )
+    _add(
+        send,
+        "secret",
+        "the provider's secret as the receiver has it: whsec_... (or whsk_...) for "
+        "standard-webhooks and svix, Stripe's whsec_... endpoint secret (used verbatim), the "
+        "Auth Token for twilio (which signs --url: give the URL exactly as the provider has "
+        "it), the shared secret string for github, shopify, slack, paddle, zoom and linear",
+        None,
+    )
+    _add(
+        send,
+        "id",
+        "the event's id (reuse one to see a replay): webhook-id, Stripe's or Slack's event id, "
+        "GitHub's delivery id, ...; zoom and linear key on the signed body, made from it",
+        None,
+    )
     _add(send, "type", "event type", "order.created")
     _add(
         send,

@@ -17,7 +17,7 @@ from .._exceptions import ConfigurationError
 from .._store import partitions
 from .._store.sqlite import SQLiteStore
 from .._store.url import store_from_url
-from .._verification.verifier import sign
+from .._verification import sending
 from .._webhooks.schedules import PRESETS, dedup_window, describe
 from .loading import (
     check_config_alone,
@@ -97,14 +97,16 @@ def migrate(args: argparse.Namespace) -> int:
 
 
 def send(args: argparse.Namespace) -> int:
-    """Sign and POST one delivery. Exit status: 0 for a 2xx answer, 1 for any other answer or
-    no answer (as ``curl --fail``), 2 for a mistake on the command line."""
+    """Sign and POST one delivery in a sender's scheme (receiver/_verification/sending.py, the
+    testing kit's envelopes). Exit status: 0 for a 2xx answer, 1 for any other answer or no
+    answer (as ``curl --fail``), 2 for a mistake on the command line."""
     if not args.secret:
         print("receiver send: --secret (or RECEIVER_SECRET) is required", file=sys.stderr)
         return 2
-    webhook_id = args.id or f"msg_{uuid.uuid4().hex}"
+    shape = sending.scheme(args.scheme)
+    webhook_id = args.id or f"{shape.id_prefix}{uuid.uuid4().hex}"
     if not (webhook_id.isascii() and webhook_id.isprintable()):
-        # An HTTP header is ASCII; the Standard Webhooks ids are too.
+        # An HTTP header is ASCII; the senders' ids are too.
         print(f"receiver send: --id must be printable ASCII, not {webhook_id!a}", file=sys.stderr)
         return 2
     try:
@@ -115,7 +117,8 @@ def send(args: argparse.Namespace) -> int:
     if args.data is None:
         # Named after the id: a new id is a new event, never the same payload under another id
         # (which the receiver reports as key drift), and the same id is the same payload.
-        data: Any = {"order_id": f"o-{webhook_id.removeprefix('msg_')}", "amount_cents": 1250}
+        name = webhook_id.removeprefix(shape.id_prefix)
+        data: Any = {"order_id": f"o-{name}", "amount_cents": 1250}
     else:
         try:
             data = orjson.loads(args.data)
@@ -124,9 +127,14 @@ def send(args: argparse.Namespace) -> int:
             return 2
     timestamp = args.timestamp if args.timestamp is not None else int(time.time())
     event_type = text_argument("--type", args.type, "a JSON body is UTF-8")
-    body = orjson.dumps({"type": event_type, "data": data})
+    # The event's own date inside the body (Stripe's created, Slack's event_time, ...) is fixed,
+    # so that a second send with the same --id repeats the same bytes, as a sender's retry does.
+    body = shape.body(webhook_id, event_type, data, 0)
+    key = shape.id_of(webhook_id, body)
+    webhook = sending.Webhook("", key, event_type, body, "" if key == webhook_id else webhook_id)
+    body = shape.attempt(body, timestamp)
     try:
-        signature = sign(args.secret, webhook_id, timestamp, body)
+        signed = shape.headers(webhook, body, timestamp, args.secret, args.url)
     except ConfigurationError:
         print(
             "receiver send: --secret is not a signing secret: give the provider's whsec_... "
@@ -135,18 +143,14 @@ def send(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    headers = {
-        "content-type": "application/json",
-        "webhook-id": webhook_id,
-        "webhook-timestamp": str(timestamp),
-        "webhook-signature": signature,
-    }
+    headers = [*signed, ("content-type", shape.content_type)]
     try:
         response = httpx.post(args.url, content=body, headers=headers, timeout=30)
     except httpx.HTTPError as exc:
         print(f"receiver send: {args.url}: {exc}", file=sys.stderr)
         return 1
-    print(f"POST {args.url}  webhook-id: {webhook_id}")
+    label = "webhook-id" if shape.name == "standard-webhooks" else f"{shape.name} event id"
+    print(f"POST {args.url}  {label}: {key}")
     print(f"HTTP {response.status_code}")
     for name in ("content-type", "idempotent-replayed", "retry-after"):
         if name in response.headers:

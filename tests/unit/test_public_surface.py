@@ -197,6 +197,7 @@ CLI = {
         "--data",
         "--help",
         "--id",
+        "--scheme",
         "--secret",
         "--timestamp",
         "--type",
