@@ -209,6 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add(ttl, "app", "the Receiver whose providers to explain, module:attribute")
     _add(ttl, "config", "explain the providers of this config file (needs no secrets)")
+    ttl.add_argument(
+        "--json",
+        action="store_true",
+        help='one JSON document, {"windows": [...]}: each window\'s provider (or preset), '
+        "schedule, attempts, jitter, span, margin and window (seconds), explicit_ttl, source",
+    )
 
     add_console_parser(sub, _add)
     add_proxy_parser(sub, _add)

@@ -18,7 +18,7 @@ from .._store import partitions
 from .._store.sqlite import SQLiteStore
 from .._store.url import store_from_url
 from .._verification import sending
-from .._webhooks.schedules import PRESETS, dedup_window, describe
+from .._webhooks.schedules import PRESETS, DedupWindow, dedup_window, describe
 from .loading import (
     check_config_alone,
     existing_store,
@@ -45,11 +45,29 @@ def ttl_command(args: argparse.Namespace) -> int:
     for row in rows:
         row[first] = row.pop("provider")
     columns = [first, "schedule", "span", "margin", "window", "source"]
+    if args.json:
+        print(orjson.dumps({"windows": [_window(first, w) for w in windows]}).decode())
+        return 0
     widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
     print("  ".join(c.ljust(widths[c]) for c in columns).rstrip())
     for r in rows:
         print("  ".join(r[c].ljust(widths[c]) for c in columns).rstrip())
     return 0
+
+
+def _window(first: str, window: DedupWindow) -> dict[str, Any]:
+    """A window for scripts (``ttl --json``): the table's facts, durations in seconds."""
+    return {
+        first: window.provider,
+        "schedule": window.schedule.name,
+        "attempts": window.schedule.attempts,
+        "jitter": window.schedule.jitter,
+        "span": window.span,
+        "margin": window.margin,
+        "window": window.window,
+        "explicit_ttl": window.explicit_ttl,
+        "source": window.schedule.source or "configured",
+    }
 
 
 def migrate(args: argparse.Namespace) -> int:

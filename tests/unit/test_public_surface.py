@@ -230,6 +230,7 @@ CLI = {
         "--app",
         "--config",
         "--help",
+        "--json",
         "-h",
     ],
     "worker": [
