@@ -23,6 +23,7 @@ from .bulk import add_bulk_arguments
 from .console import add_console_parser, console_command
 from .init import add_init_parser, init_command
 from .loading import DEFAULT_APP
+from .output import add_json
 from .processes import serve, sweep_command, worker_command
 from .proxy import add_proxy_parser, proxy_command
 from .receipts import failed_command, inspect_command, replay_command
@@ -88,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="PostgreSQL: also bring receiver_receipts to this layout (partitioned: expiry "
         "drops a day of receipts at once; single: one table, the default)",
     )
+    add_json(
+        migrate,
+        "with --check, {store, up_to_date, missing: [...], layout} (layout: with --layout, "
+        "the one found, else null)",
+    )
 
     sweep = sub.add_parser("sweep", help="one sweeper pass: recover stale claims, delete expired")
     _add(
@@ -107,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(sweep, "batch", "receipts per batch", 100, type=values.count)
     _add(sweep, "dead-letter-retention", "with --store: dead letters kept after their window (7d)")
     _add(sweep, "audit-retention", "with --store: operators' audit records kept (365d)")
+    add_json(sweep, "{recovered, failed, released, skipped, deleted, audit_deleted}")
 
     worker = sub.add_parser(
         "worker",
@@ -173,12 +180,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="for an Idempotency-Key (PROVIDER idem:NAMESPACE, WEBHOOK_ID the key): whose key",
     )
+    add_json(
+        inspect,
+        '{"receipt": {provider, webhook_id, kind, state, fence, needs_review, rejected_status, '
+        "event_type, claimed_at, lease_until, completed_at, expires_at, payload_hash, attempts, "
+        "failed_attempts: [{fence, failed_at, error}], response: {status, content_type, bytes, "
+        'body} or null}}; no receipt: {"receipt": null}, exit 1',
+    )
 
     failed = sub.add_parser("failed", help="list receipts whose handlers failed")
     _add(failed, "config", "take the store from this config file")
     _add(failed, "store", STORE_HELP)
     _add(failed, "provider", "only this provider", "")
     _add(failed, "limit", "at most this many", 50, type=values.count)
+    add_json(
+        failed,
+        '{"receipts": [{provider, webhook_id, state, rejected_status, kind, event_type, '
+        "attempts, claimed_at, error}]}",
+    )
 
     replay = sub.add_parser(
         "replay",
@@ -209,11 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add(ttl, "app", "the Receiver whose providers to explain, module:attribute")
     _add(ttl, "config", "explain the providers of this config file (needs no secrets)")
-    ttl.add_argument(
-        "--json",
-        action="store_true",
-        help='one JSON document, {"windows": [...]}: each window\'s provider (or preset), '
-        "schedule, attempts, jitter, span, margin and window (seconds), explicit_ttl, source",
+    add_json(
+        ttl,
+        '{"windows": [{provider (or preset), schedule, attempts, jitter, span, margin, window '
+        "(seconds), explicit_ttl, source}]}",
     )
 
     add_console_parser(sub, _add)

@@ -30,6 +30,7 @@ from .loading import (
     load_receiver,
     read,
 )
+from .output import emit
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -156,6 +157,18 @@ def sweep_command(args: argparse.Namespace) -> int:
                 return await rx.sweep(batch=args.batch)
 
         report = read(rx.store, run, "sweep")
+    if args.json:
+        emit(
+            {
+                "recovered": report.recovered,
+                "failed": report.failed,
+                "released": report.released,
+                "skipped": report.skipped,
+                "deleted": report.deleted,
+                "audit_deleted": report.audit_deleted,
+            }
+        )
+        return 0
     print(
         f"recovered {report.recovered}, failed {report.failed}, released {report.released}, "
         f"skipped {report.skipped}, deleted {report.deleted} expired and "

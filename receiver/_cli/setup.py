@@ -13,8 +13,9 @@ import httpx
 import orjson
 
 from .._config.loader import load_config
-from .._exceptions import ConfigurationError
+from .._exceptions import ConfigurationError, ReceiverError
 from .._store import partitions
+from .._store.base import Store
 from .._store.sqlite import SQLiteStore
 from .._store.url import store_from_url
 from .._verification import sending
@@ -27,6 +28,7 @@ from .loading import (
     store_url,
     text_argument,
 )
+from .output import emit
 
 
 def ttl_command(args: argparse.Namespace) -> int:
@@ -46,7 +48,7 @@ def ttl_command(args: argparse.Namespace) -> int:
         row[first] = row.pop("provider")
     columns = [first, "schedule", "span", "margin", "window", "source"]
     if args.json:
-        print(orjson.dumps({"windows": [_window(first, w) for w in windows]}).decode())
+        emit({"windows": [_window(first, w) for w in windows]})
         return 0
     widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
     print("  ".join(c.ljust(widths[c]) for c in columns).rstrip())
@@ -71,6 +73,8 @@ def _window(first: str, window: DedupWindow) -> dict[str, Any]:
 
 
 def migrate(args: argparse.Namespace) -> int:
+    if args.json and not args.check:
+        raise ReceiverError("--json reports a check: give --check too")
     url = store_url(args)
     # --check changes nothing: a SQLite file that is not there is reported, not created.
     store = existing_store(url) if args.check else store_from_url(url)
@@ -80,26 +84,7 @@ def migrate(args: argparse.Namespace) -> int:
     async def run() -> int:
         async with store:
             if args.check:
-                missing = await store.missing_migrations()
-                if missing:
-                    print(
-                        f"receiver: the schema in {store.url} is behind: missing "
-                        f"{', '.join(missing)} (run `receiver migrate`)",
-                        file=sys.stderr,
-                    )
-                    return 1
-                if args.layout is not None:
-                    async with store.acquire() as conn:
-                        found = await partitions.layout(conn)
-                    if found != args.layout:
-                        print(
-                            f"receiver: receiver_receipts in {store.url} has the {found} layout, "
-                            f"not {args.layout} (run `receiver migrate --layout {args.layout}`)",
-                            file=sys.stderr,
-                        )
-                        return 1
-                print(f"schema up to date in {store.url}")
-                return 0
+                return await check(store)
             for name in await store.migrate():
                 print(f"applied {name}")
             if args.layout is not None:
@@ -109,6 +94,35 @@ def migrate(args: argparse.Namespace) -> int:
                 print(f"receiver_receipts {state} the {args.layout} layout")
             print(f"schema ready in {store.url}")
             return 0
+
+    async def check(store: Store) -> int:
+        missing = await store.missing_migrations()
+        found = None
+        if args.layout is not None and not missing:
+            async with store.acquire() as conn:
+                found = await partitions.layout(conn)
+        if args.json:
+            up_to_date = not missing and found == args.layout
+            emit(
+                {"store": store.url, "up_to_date": up_to_date, "missing": missing, "layout": found}
+            )
+        if missing:
+            print(
+                f"receiver: the schema in {store.url} is behind: missing "
+                f"{', '.join(missing)} (run `receiver migrate`)",
+                file=sys.stderr,
+            )
+            return 1
+        if found != args.layout:
+            print(
+                f"receiver: receiver_receipts in {store.url} has the {found} layout, "
+                f"not {args.layout} (run `receiver migrate --layout {args.layout}`)",
+                file=sys.stderr,
+            )
+            return 1
+        if not args.json:
+            print(f"schema up to date in {store.url}")
+        return 0
 
     # A file that is not a SQLite database, a role without rights: one line, not a traceback.
     return read(store, run, "check" if args.check else "migrate")

@@ -115,6 +115,7 @@ CLI = {
     "failed": [
         "--config",
         "--help",
+        "--json",
         "--limit",
         "--provider",
         "--store",
@@ -131,6 +132,7 @@ CLI = {
     "inspect": [
         "--config",
         "--help",
+        "--json",
         "--principal",
         "--store",
         "-h",
@@ -141,6 +143,7 @@ CLI = {
         "--check",
         "--config",
         "--help",
+        "--json",
         "--layout",
         "--store",
         "-h",
@@ -223,6 +226,7 @@ CLI = {
         "--config",
         "--dead-letter-retention",
         "--help",
+        "--json",
         "--store",
         "-h",
     ],
