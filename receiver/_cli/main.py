@@ -16,12 +16,14 @@ from typing import Any
 
 from .._exceptions import ReceiverError
 from .._logging import FORMAT_HELP, FORMATS
+from .._verification import sending
 from .._webhooks.app import DEFAULT_STORE
 from . import values
 from .bulk import add_bulk_arguments
 from .console import add_console_parser, console_command
 from .init import add_init_parser, init_command
 from .loading import DEFAULT_APP
+from .output import add_json
 from .processes import serve, sweep_command, worker_command
 from .proxy import add_proxy_parser, proxy_command
 from .receipts import failed_command, inspect_command, replay_command
@@ -87,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="PostgreSQL: also bring receiver_receipts to this layout (partitioned: expiry "
         "drops a day of receipts at once; single: one table, the default)",
     )
+    add_json(
+        migrate,
+        "with --check, {store, up_to_date, missing: [...], layout} (layout: with --layout, "
+        "the one found, else null)",
+    )
 
     sweep = sub.add_parser("sweep", help="one sweeper pass: recover stale claims, delete expired")
     _add(
@@ -106,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(sweep, "batch", "receipts per batch", 100, type=values.count)
     _add(sweep, "dead-letter-retention", "with --store: dead letters kept after their window (7d)")
     _add(sweep, "audit-retention", "with --store: operators' audit records kept (365d)")
+    add_json(sweep, "{recovered, failed, released, skipped, deleted, audit_deleted}")
 
     worker = sub.add_parser(
         "worker",
@@ -172,12 +180,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="for an Idempotency-Key (PROVIDER idem:NAMESPACE, WEBHOOK_ID the key): whose key",
     )
+    add_json(
+        inspect,
+        '{"receipt": {provider, webhook_id, kind, state, fence, needs_review, rejected_status, '
+        "event_type, claimed_at, lease_until, completed_at, expires_at, payload_hash, attempts, "
+        "failed_attempts: [{fence, failed_at, error}], response: {status, content_type, bytes, "
+        'body} or null}}; no receipt: {"receipt": null}, exit 1',
+    )
 
     failed = sub.add_parser("failed", help="list receipts whose handlers failed")
     _add(failed, "config", "take the store from this config file")
     _add(failed, "store", STORE_HELP)
     _add(failed, "provider", "only this provider", "")
     _add(failed, "limit", "at most this many", 50, type=values.count)
+    add_json(
+        failed,
+        '{"receipts": [{provider, webhook_id, state, rejected_status, kind, event_type, '
+        "attempts, claimed_at, error}]}",
+    )
 
     replay = sub.add_parser(
         "replay",
@@ -208,6 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add(ttl, "app", "the Receiver whose providers to explain, module:attribute")
     _add(ttl, "config", "explain the providers of this config file (needs no secrets)")
+    add_json(
+        ttl,
+        '{"windows": [{provider (or preset), schedule, attempts, jitter, span, margin, window '
+        "(seconds), explicit_ttl, source}]}",
+    )
 
     add_console_parser(sub, _add)
     add_proxy_parser(sub, _add)
@@ -215,8 +240,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     send = sub.add_parser("send", help="sign a delivery and POST it, to try the receiver")
     _add(send, "url", "the provider's endpoint", "http://127.0.0.1:8000/demo")
-    _add(send, "secret", "the provider's whsec_ (or whsk_) secret", None)
-    _add(send, "id", "webhook-id (reuse one to see a replay)", None)
+    _add(
+        send,
+        "scheme",
+        "the sender whose delivery to sign, as the provider's scheme names it",
+        "standard-webhooks",
+        choices=sending.SCHEMES,
+    )
+    _add(
+        send,
+        "secret",
+        "the provider's secret as the receiver has it: whsec_... (or whsk_...) for "
+        "standard-webhooks and svix, Stripe's whsec_... endpoint secret (used verbatim), the "
+        "Auth Token for twilio (which signs --url: give the URL exactly as the provider has "
+        "it), the shared secret string for github, shopify, slack, paddle, zoom and linear",
+        None,
+    )
+    _add(
+        send,
+        "id",
+        "the event's id (reuse one to see a replay): webhook-id, Stripe's or Slack's event id, "
+        "GitHub's delivery id, ...; zoom and linear key on the signed body, made from it",
+        None,
+    )
     _add(send, "type", "event type", "order.created")
     _add(
         send,

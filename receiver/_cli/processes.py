@@ -29,6 +29,7 @@ from .loading import (
     load_receiver,
     read,
 )
+from .output import emit
 
 logger = get_logger("receiver.worker")
 
@@ -157,6 +158,18 @@ def sweep_command(args: argparse.Namespace) -> int:
                 return await rx.sweep(batch=args.batch)
 
         report = read(rx.store, run, "sweep")
+    if args.json:
+        emit(
+            {
+                "recovered": report.recovered,
+                "failed": report.failed,
+                "released": report.released,
+                "skipped": report.skipped,
+                "deleted": report.deleted,
+                "audit_deleted": report.audit_deleted,
+            }
+        )
+        return 0
     print(
         f"recovered {report.recovered}, failed {report.failed}, released {report.released}, "
         f"skipped {report.skipped}, deleted {report.deleted} expired and "

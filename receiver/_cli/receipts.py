@@ -9,6 +9,7 @@ import getpass
 import os
 import socket
 import sys
+from typing import Any
 
 import orjson
 
@@ -32,6 +33,7 @@ from .loading import (
     text_argument,
     when,
 )
+from .output import emit, instant
 
 
 def inspect_command(args: argparse.Namespace) -> int:
@@ -53,11 +55,16 @@ def inspect_command(args: argparse.Namespace) -> int:
     receipt, attempts = read(store, run)
     if receipt is None:
         print(f"no receipt for {args.provider}/{args.webhook_id}", file=sys.stderr)
+        if args.json:
+            emit({"receipt": None})
         return 1
+    status = queue.rejected_status(receipt.state, receipt.last_error)
+    if args.json:
+        emit({"receipt": _receipt(args, provider, webhook_id, receipt, attempts, status)})
+        return 0
     print(f"receipt      {args.provider}/{args.webhook_id}")
     print(f"kind         {_kind(provider, webhook_id)}")
     review = " - NEEDS REVIEW by a person" if keyed.needs_review(receipt) else ""
-    status = queue.rejected_status(receipt.state, receipt.last_error)
     if status is not None:
         review = f" - REJECTED BY ITS HANDLER (HTTP {status}; not retried)"
     print(f"state        {receipt.state.value} (fence {receipt.fence}){review}")
@@ -88,14 +95,15 @@ def failed_command(args: argparse.Namespace) -> int:
             return await conn.run_all("list_failed", provider, args.limit)
 
     rows = read(store, run)
+    if args.json:
+        emit({"receipts": [_failed(row) for row in rows]})
+        return 0
     if not rows:
         print("no failed receipts")
         return 0
     for row in rows:
         error = error_line(row["last_error"], 80) or "-"
-        kind = {keyed.ACTION: "action", keyed.IDEMPOTENCY: "idempotency-key"}.get(
-            keyed.namespace(row["provider"]) or "", "webhook"
-        )
+        kind = _row_kind(row["provider"])
         state = row["state"]
         status = queue.rejected_status(state, row["last_error"])
         if status is not None:
@@ -114,6 +122,72 @@ def failed_command(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _receipt(
+    args: argparse.Namespace,
+    provider: str,
+    webhook_id: str,
+    receipt: Receipt,
+    attempts: list[Row],
+    status: int | None,
+) -> dict[str, Any]:
+    """``inspect --json``: the text's facts, errors masked as the text masks them."""
+    response = None
+    if receipt.response is not None:
+        r = receipt.response
+        response = {
+            "status": r.status,
+            "content_type": r.content_type,
+            "bytes": len(r.body),
+            "body": r.body[:2000].decode("utf-8", "replace"),
+        }
+    return {
+        "provider": args.provider,
+        "webhook_id": args.webhook_id,
+        "kind": _kind(provider, webhook_id),
+        "state": receipt.state.value,
+        "fence": receipt.fence,
+        "needs_review": keyed.needs_review(receipt),
+        "rejected_status": status,
+        "event_type": receipt.event_type,
+        "claimed_at": instant(receipt.claimed_at),
+        "lease_until": instant(receipt.lease_until),
+        "completed_at": instant(receipt.completed_at),
+        "expires_at": instant(receipt.expires_at),
+        "payload_hash": receipt.payload_hash.hex(),
+        "attempts": receipt.attempts,
+        "failed_attempts": [
+            {
+                "fence": attempt["fence"],
+                "failed_at": instant(attempt["failed_at"]),
+                "error": error_line(attempt["error"], None),
+            }
+            for attempt in attempts
+        ],
+        "response": response,
+    }
+
+
+def _failed(row: Row) -> dict[str, Any]:
+    """One line of ``failed --json``: the text's fields, the error masked as the text's."""
+    return {
+        "provider": row["provider"],
+        "webhook_id": row["webhook_id"],
+        "state": row["state"],
+        "rejected_status": queue.rejected_status(row["state"], row["last_error"]),
+        "kind": _row_kind(row["provider"]),
+        "event_type": row["event_type"],
+        "attempts": row["attempts"],
+        "claimed_at": instant(row["claimed_at"]),
+        "error": error_line(row["last_error"], 80) or None,
+    }
+
+
+def _row_kind(provider: str) -> str:
+    return {keyed.ACTION: "action", keyed.IDEMPOTENCY: "idempotency-key"}.get(
+        keyed.namespace(provider) or "", "webhook"
+    )
 
 
 def _kind(provider: str, webhook_id: str) -> str:

@@ -45,11 +45,11 @@ from receiver import Connection, Event, Receiver
 
 
 def valid(order: Any) -> bool:
-    """What the table holds: an id of 1-200 characters without NUL (PostgreSQL's text has
-    none), a total of whole cents that fits INTEGER."""
+    """What the table holds: an order_id of 1-200 characters without NUL (PostgreSQL's text
+    has none), an amount_cents (whole cents) that fits INTEGER."""
     if not isinstance(order, dict):
         return False
-    order_id, total = order.get("id"), order.get("total")
+    order_id, total = order.get("order_id"), order.get("amount_cents")
     return (
         isinstance(order_id, str)
         and 0 < len(order_id) <= 200
@@ -66,12 +66,14 @@ def register(rx: Receiver) -> None:
         order = event.payload.get("data")
         if not valid(order):
             # Final: the same event will never fit, so a 422 (a 5xx would be retried for nothing).
-            detail = "data needs an id (text) and a total (whole cents)"
+            detail = "data needs an order_id (text) and an amount_cents (whole cents)"
             return JSONResponse({{"error": detail}}, status_code=422)
         await tx.execute(
-            "INSERT INTO orders (id, total) VALUES ($1, $2)", order["id"], order["total"]
+            "INSERT INTO orders (id, total) VALUES ($1, $2)",
+            order["order_id"],
+            order["amount_cents"],
         )
-        return {{"created": order["id"]}}
+        return {{"order_id": order["order_id"], "status": "created"}}
 '''
 
 TEST_ORDERS = '''\
@@ -111,7 +113,7 @@ async def build(store, clock):
 async def test_a_redelivery_replays(receiver_store, receiver_clock):
     rx = await build(receiver_store, receiver_clock)
     async with rx, Sender(rx, "shop", SECRET, clock=receiver_clock) as shop:
-        created = shop.event("order.created", {{"id": "ord_1", "total": 1200}})
+        created = shop.event("order.created", {{"order_id": "ord_1", "amount_cents": 1200}})
         first = await shop.send(created)
         again = [await shop.send(created) for _ in range(3)]
         assert first.outcome == "executed", first
@@ -123,7 +125,7 @@ async def test_a_redelivery_replays(receiver_store, receiver_clock):
 async def test_a_hundred_concurrent_copies_run_once(receiver_store, receiver_clock):
     rx = await build(receiver_store, receiver_clock)
     async with rx, Sender(rx, "shop", SECRET, clock=receiver_clock) as shop:
-        created = shop.event("order.created", {{"id": "ord_2", "total": 99}})
+        created = shop.event("order.created", {{"order_id": "ord_2", "amount_cents": 99}})
         assert_executed_once(await shop.twins(created, 100))  # one barrier
         await assert_count(rx.store, 1, ORDERS, "ord_2")
 
@@ -132,7 +134,7 @@ async def test_a_hundred_concurrent_copies_run_once(receiver_store, receiver_clo
 async def test_a_crash_mid_handler_runs_once_after_recovery(receiver_store, receiver_clock):
     rx = await build(receiver_store, receiver_clock)
     async with rx, Sender(rx, "shop", SECRET, clock=receiver_clock) as shop:
-        created = shop.event("order.created", {{"id": "ord_3", "total": 5}})
+        created = shop.event("order.created", {{"order_id": "ord_3", "amount_cents": 5}})
 {crash}
         await assert_count(rx.store, 1, ORDERS, "ord_3")
         await assert_nothing_in_flight(rx.store)
@@ -169,7 +171,7 @@ def register_tools(actions: Actions) -> None:
         await tx.execute(
             "INSERT INTO orders (id, total) VALUES ($1, $2)",
             call.request["order_id"],
-            call.request["total"],
+            call.request["amount_cents"],
         )
         return {"created": call.request["order_id"]}
 
@@ -187,7 +189,7 @@ async def main() -> None:
         actions = await build_actions(store)
         action = actions.propose(
             "create_order", scope="tenant-1", action_id="order-1",
-            request={"order_id": "order-1", "total": 1200, "note": "as the user asked"},
+            request={"order_id": "order-1", "amount_cents": 1200, "note": "as the user asked"},
         )
         print(await actions.execute(action))  # run it twice: the same stored result
 
@@ -222,7 +224,7 @@ ORDERS = "SELECT count(*) FROM orders WHERE id = $1"
 
 
 def order(planner, order_id):
-    return planner.propose("create_order", order_id, {"order_id": order_id, "total": 1200})
+    return planner.propose("create_order", order_id, {"order_id": order_id, "amount_cents": 1200})
 
 
 @pytest.mark.asyncio
@@ -285,7 +287,8 @@ receiver migrate --config receiver.toml   # the ledger's tables and the app's (s
 export SHOP_WEBHOOK_SECRET=$(python -c 'import receiver; print(receiver.generate_secret())')
 receiver serve --config receiver.toml
 receiver send --url http://127.0.0.1:8000/shop --secret "$SHOP_WEBHOOK_SECRET" \\
-  --type order.created --data '{"id": "ord_1", "total": 1200}' --id msg_1   # twice: a replay"""
+  --type order.created --data '{"order_id": "ord_1", "amount_cents": 1200}' \\
+  --id msg_1   # twice: a replay"""
 
 RUN_AGENT = "python agent.py        # twice: the same stored result"
 
@@ -358,7 +361,7 @@ async def ran(rx, order_id):
 async def test_a_redelivery_replays(receiver_store, receiver_clock):
     rx = await build(receiver_store, receiver_clock)
     async with rx, Sender(rx, "shop", SECRET, clock=receiver_clock) as shop, workers(rx):
-        created = shop.event("order.created", {"id": "ord_1", "total": 1200})
+        created = shop.event("order.created", {"order_id": "ord_1", "amount_cents": 1200})
         first = await shop.send(created)
         assert first.status == 202, first
         assert_replayed(first, [await shop.send(created) for _ in range(3)])
@@ -370,7 +373,7 @@ async def test_a_redelivery_replays(receiver_store, receiver_clock):
 async def test_a_hundred_concurrent_copies_run_once(receiver_store, receiver_clock):
     rx = await build(receiver_store, receiver_clock)
     async with rx, Sender(rx, "shop", SECRET, clock=receiver_clock) as shop, workers(rx):
-        created = shop.event("order.created", {"id": "ord_2", "total": 99})
+        created = shop.event("order.created", {"order_id": "ord_2", "amount_cents": 99})
         assert_executed_once(await shop.twins(created, 100))  # one barrier
         await ran(rx, "ord_2")
         await assert_count(rx.store, 1, ORDERS, "ord_2")
@@ -380,7 +383,7 @@ async def test_a_hundred_concurrent_copies_run_once(receiver_store, receiver_clo
 async def test_a_crash_mid_handler_runs_once_after_recovery(receiver_store, receiver_clock):
     rx = await build(receiver_store, receiver_clock)
     async with rx, Sender(rx, "shop", SECRET, clock=receiver_clock) as shop, workers(rx):
-        created = shop.event("order.created", {"id": "ord_3", "total": 5})
+        created = shop.event("order.created", {"order_id": "ord_3", "amount_cents": 5})
         # The worker's handler writes its row, then the process "dies" before the commit.
         Faults.of(rx).arm(created.id, Fault.BEFORE_COMMIT)
         accepted = await shop.send(created)

@@ -13,12 +13,13 @@ import httpx
 import orjson
 
 from .._config.loader import load_config
-from .._exceptions import ConfigurationError
+from .._exceptions import ConfigurationError, ReceiverError
 from .._store import partitions
+from .._store.base import Store
 from .._store.sqlite import SQLiteStore
 from .._store.url import store_from_url
-from .._verification.verifier import sign
-from .._webhooks.schedules import PRESETS, dedup_window, describe
+from .._verification import sending
+from .._webhooks.schedules import PRESETS, DedupWindow, dedup_window, describe
 from .loading import (
     check_config_alone,
     existing_store,
@@ -27,6 +28,7 @@ from .loading import (
     store_url,
     text_argument,
 )
+from .output import emit
 
 
 def ttl_command(args: argparse.Namespace) -> int:
@@ -45,6 +47,9 @@ def ttl_command(args: argparse.Namespace) -> int:
     for row in rows:
         row[first] = row.pop("provider")
     columns = [first, "schedule", "span", "margin", "window", "source"]
+    if args.json:
+        emit({"windows": [_window(first, w) for w in windows]})
+        return 0
     widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
     print("  ".join(c.ljust(widths[c]) for c in columns).rstrip())
     for r in rows:
@@ -52,7 +57,24 @@ def ttl_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _window(first: str, window: DedupWindow) -> dict[str, Any]:
+    """A window for scripts (``ttl --json``): the table's facts, durations in seconds."""
+    return {
+        first: window.provider,
+        "schedule": window.schedule.name,
+        "attempts": window.schedule.attempts,
+        "jitter": window.schedule.jitter,
+        "span": window.span,
+        "margin": window.margin,
+        "window": window.window,
+        "explicit_ttl": window.explicit_ttl,
+        "source": window.schedule.source or "configured",
+    }
+
+
 def migrate(args: argparse.Namespace) -> int:
+    if args.json and not args.check:
+        raise ReceiverError("--json reports a check: give --check too")
     url = store_url(args)
     # --check changes nothing: a SQLite file that is not there is reported, not created.
     store = existing_store(url) if args.check else store_from_url(url)
@@ -62,26 +84,7 @@ def migrate(args: argparse.Namespace) -> int:
     async def run() -> int:
         async with store:
             if args.check:
-                missing = await store.missing_migrations()
-                if missing:
-                    print(
-                        f"receiver: the schema in {store.url} is behind: missing "
-                        f"{', '.join(missing)} (run `receiver migrate`)",
-                        file=sys.stderr,
-                    )
-                    return 1
-                if args.layout is not None:
-                    async with store.acquire() as conn:
-                        found = await partitions.layout(conn)
-                    if found != args.layout:
-                        print(
-                            f"receiver: receiver_receipts in {store.url} has the {found} layout, "
-                            f"not {args.layout} (run `receiver migrate --layout {args.layout}`)",
-                            file=sys.stderr,
-                        )
-                        return 1
-                print(f"schema up to date in {store.url}")
-                return 0
+                return await check(store)
             for name in await store.migrate():
                 print(f"applied {name}")
             if args.config:  # the app's own tables, as this (the owner's) role
@@ -95,19 +98,50 @@ def migrate(args: argparse.Namespace) -> int:
             print(f"schema ready in {store.url}")
             return 0
 
+    async def check(store: Store) -> int:
+        missing = await store.missing_migrations()
+        found = None
+        if args.layout is not None and not missing:
+            async with store.acquire() as conn:
+                found = await partitions.layout(conn)
+        if args.json:
+            up_to_date = not missing and found == args.layout
+            emit(
+                {"store": store.url, "up_to_date": up_to_date, "missing": missing, "layout": found}
+            )
+        if missing:
+            print(
+                f"receiver: the schema in {store.url} is behind: missing "
+                f"{', '.join(missing)} (run `receiver migrate`)",
+                file=sys.stderr,
+            )
+            return 1
+        if found != args.layout:
+            print(
+                f"receiver: receiver_receipts in {store.url} has the {found} layout, "
+                f"not {args.layout} (run `receiver migrate --layout {args.layout}`)",
+                file=sys.stderr,
+            )
+            return 1
+        if not args.json:
+            print(f"schema up to date in {store.url}")
+        return 0
+
     # A file that is not a SQLite database, a role without rights: one line, not a traceback.
     return read(store, run, "check" if args.check else "migrate")
 
 
 def send(args: argparse.Namespace) -> int:
-    """Sign and POST one delivery. Exit status: 0 for a 2xx answer, 1 for any other answer or
-    no answer (as ``curl --fail``), 2 for a mistake on the command line."""
+    """Sign and POST one delivery in a sender's scheme (receiver/_verification/sending.py, the
+    testing kit's envelopes). Exit status: 0 for a 2xx answer, 1 for any other answer or no
+    answer (as ``curl --fail``), 2 for a mistake on the command line."""
     if not args.secret:
         print("receiver send: --secret (or RECEIVER_SECRET) is required", file=sys.stderr)
         return 2
-    webhook_id = args.id or f"msg_{uuid.uuid4().hex}"
+    shape = sending.scheme(args.scheme)
+    webhook_id = args.id or f"{shape.id_prefix}{uuid.uuid4().hex}"
     if not (webhook_id.isascii() and webhook_id.isprintable()):
-        # An HTTP header is ASCII; the Standard Webhooks ids are too.
+        # An HTTP header is ASCII; the senders' ids are too.
         print(f"receiver send: --id must be printable ASCII, not {webhook_id!a}", file=sys.stderr)
         return 2
     try:
@@ -118,7 +152,8 @@ def send(args: argparse.Namespace) -> int:
     if args.data is None:
         # Named after the id: a new id is a new event, never the same payload under another id
         # (which the receiver reports as key drift), and the same id is the same payload.
-        data: Any = {"order_id": f"o-{webhook_id.removeprefix('msg_')}", "amount_cents": 1250}
+        name = webhook_id.removeprefix(shape.id_prefix)
+        data: Any = {"order_id": f"o-{name}", "amount_cents": 1250}
     else:
         try:
             data = orjson.loads(args.data)
@@ -127,9 +162,14 @@ def send(args: argparse.Namespace) -> int:
             return 2
     timestamp = args.timestamp if args.timestamp is not None else int(time.time())
     event_type = text_argument("--type", args.type, "a JSON body is UTF-8")
-    body = orjson.dumps({"type": event_type, "data": data})
+    # The event's own date inside the body (Stripe's created, Slack's event_time, ...) is fixed,
+    # so that a second send with the same --id repeats the same bytes, as a sender's retry does.
+    body = shape.body(webhook_id, event_type, data, 0)
+    key = shape.id_of(webhook_id, body)
+    webhook = sending.Webhook("", key, event_type, body, "" if key == webhook_id else webhook_id)
+    body = shape.attempt(body, timestamp)
     try:
-        signature = sign(args.secret, webhook_id, timestamp, body)
+        signed = shape.headers(webhook, body, timestamp, args.secret, args.url)
     except ConfigurationError:
         print(
             "receiver send: --secret is not a signing secret: give the provider's whsec_... "
@@ -138,18 +178,14 @@ def send(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    headers = {
-        "content-type": "application/json",
-        "webhook-id": webhook_id,
-        "webhook-timestamp": str(timestamp),
-        "webhook-signature": signature,
-    }
+    headers = [*signed, ("content-type", shape.content_type)]
     try:
         response = httpx.post(args.url, content=body, headers=headers, timeout=30)
     except httpx.HTTPError as exc:
         print(f"receiver send: {args.url}: {exc}", file=sys.stderr)
         return 1
-    print(f"POST {args.url}  webhook-id: {webhook_id}")
+    label = "webhook-id" if shape.name == "standard-webhooks" else f"{shape.name} event id"
+    print(f"POST {args.url}  {label}: {key}")
     print(f"HTTP {response.status_code}")
     for name in ("content-type", "idempotent-replayed", "retry-after"):
         if name in response.headers:

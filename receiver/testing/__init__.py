@@ -44,6 +44,7 @@ For endpoints behind the :class:`~receiver.IdempotencyKeyMiddleware`:
 - :func:`resends` / :func:`check_requests`: the same, at random, against your invariant.
 """
 
+from .._verification.sending import SCHEMES, Webhook
 from ._action_steps import (
     ACTION_FAULTS,
     ActionStep,
@@ -102,7 +103,6 @@ from ._request_steps import (
 )
 from ._runtime import RUNTIME_FAULTS, Resumed, crash_and_resume
 from ._schedule import ScheduleRun, replay_schedule
-from ._schemes import SCHEMES, Webhook
 from ._sender import Delivery, Sender
 from ._steps import Deliver, Invariant, Step, Sweep, Twins, Wait, check_history, play
 from ._stores import PG_URL_VARIABLE, TestStores

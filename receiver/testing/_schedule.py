@@ -7,12 +7,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .._exceptions import ConfigurationError
+from .._verification.sending import Webhook
 from .._webhooks.schedules import RetrySchedule, format_duration
 from .._webhooks.timespans import HOUR
 from ._assertions import _table, assert_executed_once
 from ._clock import FakeClock
 from ._faults import Fault, Faults
-from ._schemes import Webhook
 from ._sender import Delivery, Sender
 
 

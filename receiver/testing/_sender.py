@@ -14,9 +14,9 @@ import httpx
 import orjson
 
 from .._exceptions import ConfigurationError
+from .._verification.sending import Scheme, Webhook, scheme, scheme_of
 from .._webhooks.app import Receiver
 from ._faults import SimulatedCrash
-from ._schemes import Scheme, Webhook, scheme, scheme_of
 
 # The receiver's own refusals (never a handler's answer): the JSON "error" codes it sends.
 _REFUSALS = frozenset(

@@ -14,11 +14,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from .._store.base import Connection
+from .._verification.sending import Webhook
 from .._webhooks.app import Receiver
 from ._assertions import _table, assert_nothing_in_flight
 from ._clock import FakeClock
 from ._faults import Fault, Faults
-from ._schemes import Webhook
 from ._sender import Delivery, Sender
 
 #: The user's invariant: reads their own tables through ``conn`` and raises AssertionError.

@@ -8,10 +8,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
+from tests.pgcluster import free_port
 from tests.servers import RECEIVER
 
 pytestmark = pytest.mark.slow
@@ -19,12 +22,16 @@ pytestmark = pytest.mark.slow
 OUTSIDE_TX = """\
         async with rx.store.acquire() as own:  # outside the ledger's transaction: a bug
             await own.execute(
-                "INSERT INTO orders (id, total) VALUES ($1, $2)", order["id"], order["total"]
+                "INSERT INTO orders (id, total) VALUES ($1, $2)",
+                order["order_id"],
+                order["amount_cents"],
             )
 """
 INSIDE_TX = """\
         await tx.execute(
-            "INSERT INTO orders (id, total) VALUES ($1, $2)", order["id"], order["total"]
+            "INSERT INTO orders (id, total) VALUES ($1, $2)",
+            order["order_id"],
+            order["amount_cents"],
         )
 """
 
@@ -94,9 +101,9 @@ from test_orders import SECRET, build
         None,
         [],
         {},
-        {"id": "o", "total": 2**31},
-        {"id": "o", "total": 1.5},
-        {"id": "a\\x00b", "total": 1},
+        {"order_id": "o", "amount_cents": 2**31},
+        {"order_id": "o", "amount_cents": 1.5},
+        {"order_id": "a\\x00b", "amount_cents": 1},
     ],
 )
 async def test_an_order_the_table_cannot_hold_is_a_final_422(receiver_store, receiver_clock, data):
@@ -169,3 +176,41 @@ def test_it_never_writes_through_a_link(tmp_path: Path, link: str, force: bool) 
     assert (outside / "kept.txt").read_text() == "theirs"
     assert sorted(p.name for p in project.iterdir()) == ["notes.txt", "orders.py"]
     assert (project / "orders.py").readlink() == target
+
+
+def test_receiver_send_with_its_default_data_creates_an_order(tmp_path: Path) -> None:
+    # One data shape: `receiver send`'s default event is an order the project's handler takes.
+    project = tmp_path / "shop"
+    init(project)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIVER_")}
+    env["SHOP_WEBHOOK_SECRET"] = secret = "whsec_" + "c2hvcC1zZWNyZXQta2V5LTMyLWJ5dGVzISE="
+    server = subprocess.Popen(
+        [RECEIVER, "serve", "--config", "receiver.toml", "--port", str(port)],
+        cwd=project,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/", timeout=0.5)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline
+                assert server.poll() is None
+                time.sleep(0.1)
+        url = f"http://127.0.0.1:{port}/shop"
+        send = [RECEIVER, "send", "--url", url, "--secret", secret, "--id", "msg_1"]
+        first, again = (
+            subprocess.run(send, capture_output=True, text=True, check=False, env=env)
+            for _ in range(2)
+        )
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert first.stdout.splitlines()[-1] == '{"order_id":"o-1","status":"created"}'
+        assert "idempotent-replayed: true" in again.stdout
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

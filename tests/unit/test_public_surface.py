@@ -116,6 +116,7 @@ CLI = {
     "failed": [
         "--config",
         "--help",
+        "--json",
         "--limit",
         "--provider",
         "--store",
@@ -132,6 +133,7 @@ CLI = {
     "inspect": [
         "--config",
         "--help",
+        "--json",
         "--principal",
         "--store",
         "-h",
@@ -142,6 +144,7 @@ CLI = {
         "--check",
         "--config",
         "--help",
+        "--json",
         "--layout",
         "--store",
         "-h",
@@ -198,6 +201,7 @@ CLI = {
         "--data",
         "--help",
         "--id",
+        "--scheme",
         "--secret",
         "--timestamp",
         "--type",
@@ -223,6 +227,7 @@ CLI = {
         "--config",
         "--dead-letter-retention",
         "--help",
+        "--json",
         "--store",
         "-h",
     ],
@@ -230,6 +235,7 @@ CLI = {
         "--app",
         "--config",
         "--help",
+        "--json",
         "-h",
     ],
     "worker": [

@@ -42,7 +42,7 @@ from typing import Any
 import orjson
 
 from .._exceptions import ConfigurationError
-from .._verification.schemes import (
+from .schemes import (
     GitHub,
     Shopify,
     Slack,
@@ -52,9 +52,9 @@ from .._verification.schemes import (
     sign_slack,
     sign_stripe,
 )
-from .._verification.senders import Linear, Paddle, Zoom, sign_linear, sign_paddle, sign_zoom
-from .._verification.twilio import Twilio, sign_twilio
-from .._verification.verifier import StandardWebhooks, Verifier, sign
+from .senders import Linear, Paddle, Zoom, sign_linear, sign_paddle, sign_zoom
+from .twilio import Twilio, sign_twilio
+from .verifier import StandardWebhooks, Verifier, sign
 
 Headers = list[tuple[str, str]]
 
