@@ -114,7 +114,7 @@ def serve_and_send(project: Path, app_url: str, log_path: Path) -> None:
             assert time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.1)
         send = ["send", "--url", f"{url}/shop", "--secret", SECRET, "--type", "order.created"]
-        data = ["--data", '{"id": "ord_1", "total": 1200}', "--id", "msg_1"]
+        data = ["--data", '{"order_id": "ord_1", "amount_cents": 1200}', "--id", "msg_1"]
         first, second = cli(project, *send, *data), cli(project, *send, *data)
         assert first.returncode == 0, first.stdout + first.stderr
         assert second.returncode == 0, second.stdout + second.stderr
