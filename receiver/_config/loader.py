@@ -164,11 +164,8 @@ class _Parser:
                 )
         migrations = doc.get("migrations")
         if migrations is not None and (not isinstance(migrations, str) or not migrations):
-            raise self.error(
-                ("migrations",),
-                'expected a directory of .sql files, relative to this file, e.g. "sql", '
-                f"got {show(migrations)}",
-            )
+            expected = 'expected a directory of .sql files, relative to this file, e.g. "sql"'
+            raise self.error(("migrations",), f"{expected}, got {show(migrations)}")
         max_body_size = doc.get("max_body_size", DEFAULT_MAX_BODY)
         if isinstance(max_body_size, bool) or not isinstance(max_body_size, int):
             raise self.error(

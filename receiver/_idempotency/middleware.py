@@ -90,9 +90,7 @@ class _Unstored(Exception):
 
 
 class _Forgotten(_Unstored):
-    """The answer is one of ``unstored_statuses``: roll the writes back and forget the key, so
-    that a corrected request under it is a new request (not another request under a used
-    key, 422)."""
+    """One of ``unstored_statuses``: roll back and forget the key (a corrected request is new)."""
 
 
 class IdempotencyKeyMiddleware:
